@@ -1,0 +1,1 @@
+"""zvfs: sharded chunked stores as their unsharded one-file-per-chunk trees, over FUSE."""

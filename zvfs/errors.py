@@ -1,0 +1,36 @@
+"""The two kinds of failure zvfs distinguishes.
+
+Metadata problems are found at mount time and stop the mount with one line naming the file
+(`MetadataError`). Problems in the bytes of one shard are found at read time and cost only the
+files that live in that shard (`CorruptShardError`, served as EIO); the mount stays up.
+"""
+
+
+class ZvfsError(Exception):
+    """Base class: every message is one line fit for a terminal or a journal."""
+
+
+class MetadataError(ZvfsError):
+    """Unusable metadata or source: the mount (or `ls`/`inspect`) refuses to start."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+class CorruptShardError(ZvfsError):
+    """A shard (or shard index) whose bytes are inconsistent; its chunks read as EIO."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"corrupt shard {key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class StorageError(ZvfsError):
+    """The backend failed to deliver bytes (I/O error, network fault after retries)."""
+
+
+class OptionError(ZvfsError):
+    """A mount option or command-line argument that zvfs does not accept."""

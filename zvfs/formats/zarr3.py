@@ -1,0 +1,464 @@
+"""Zarr v3 arrays and groups, and the `sharding_indexed` codec (ZEP 2).
+
+`load_hierarchy` reads and validates every node's `zarr.json` once, at mount time, so bad
+metadata fails the mount with one line instead of failing reads later. For each sharded array,
+`plan_sharding` works out the chain of sharding levels (nested sharding, transposes placed
+before a sharding codec) down to the innermost chunks; `ShardedArray` then maps an innermost
+chunk to the byte range that holds it, and lists the chunks a shard holds, using the shard
+indexes (cached and coalesced by `storage.cache`).
+
+Arrays whose chunks cannot be reached as byte ranges (a bytes->bytes codec after sharding, an
+inner shape that does not divide the shard, storage transformers, index codecs we cannot
+decode) are not errors: they are shown as stored, with a warning.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import crc32c
+import numpy as np
+
+from ..errors import CorruptShardError, MetadataError
+from ..storage.base import Store
+from ..storage.cache import CoalescingCache
+from .chunkref import ChunkRef
+
+log = logging.getLogger("zvfs.zarr3")
+
+META = "zarr.json"
+EMPTY = np.uint64(2**64 - 1)
+_BAD = np.uint64(2**64 - 2)  # offset marker for an entry that points outside its shard
+_EMPTY_INT, _BAD_INT = int(EMPTY), int(_BAD)
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def _ints(value: Any, where: str, what: str, positive: bool) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise MetadataError(where, f"{what} must be a list of integers, got {json.dumps(value)[:60]}")
+    low = 1 if positive else 0
+    if any(v < low or v >= 2**62 for v in value):
+        raise MetadataError(where, f"{what} has an out-of-range value: {value}")
+    return tuple(value)
+
+
+def _codec_name(codec: Any, where: str) -> str:
+    if isinstance(codec, str):
+        return codec
+    if isinstance(codec, dict) and isinstance(codec.get("name"), str):
+        return codec["name"]
+    raise MetadataError(where, f"malformed codec entry {json.dumps(codec)[:60]}")
+
+
+def _codec_config(codec: Any) -> dict:
+    return codec.get("configuration") or {} if isinstance(codec, dict) else {}
+
+
+@dataclass(frozen=True)
+class ChunkKeyEncoding:
+    """The array's `chunk_key_encoding`: names shards in the store and chunks in the view."""
+
+    name: str  # "default" or "v2"
+    separator: str  # "/" or "."
+
+    @classmethod
+    def parse(cls, meta: dict, where: str) -> "ChunkKeyEncoding":
+        enc = meta.get("chunk_key_encoding", {"name": "default"})
+        name = _codec_name(enc, where)
+        if name not in ("default", "v2"):
+            raise MetadataError(where, f"unknown chunk_key_encoding {name!r}")
+        sep = _codec_config(enc).get("separator", "/" if name == "default" else ".")
+        if sep not in ("/", "."):
+            raise MetadataError(where, f"chunk_key_encoding separator must be '/' or '.', got {sep!r}")
+        return cls(name, sep)
+
+    def key(self, coords) -> str:
+        if self.name == "default":
+            return self.separator.join(["c", *map(str, coords)])
+        return self.separator.join(map(str, coords)) if len(coords) else "0"
+
+
+@dataclass(frozen=True)
+class Level:
+    """One `sharding_indexed` codec in the chain, seen from the array's axes.
+
+    `shard_shape` and `inner_shape` are in array axis order; `perm[i]` is the array axis that
+    is axis i of this level's (transposed) shard, whose inner grid `grid` the index covers in
+    C order.
+    """
+
+    shard_shape: tuple[int, ...]
+    inner_shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    grid: tuple[int, ...]
+    index_location: str
+    index_dtype: str  # "<u8" or ">u8"
+    index_crc: bool
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def index_nbytes(self) -> int:
+        return 16 * self.n + (4 if self.index_crc else 0)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    levels: tuple[Level, ...]
+    chunk_shape: tuple[int, ...]  # innermost chunk shape, array order
+    codecs: list  # codec chain of the unsharded equivalent
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        return self.levels[0].shard_shape
+
+
+class NotUnshardable(Exception):
+    """Why a sharded array is shown as stored (message goes to the log and `inspect`)."""
+
+
+def _parse_index_codecs(codecs: Any, where: str) -> tuple[str, bool]:
+    if not isinstance(codecs, list):
+        raise MetadataError(where, "sharding index_codecs must be a list")
+    names = [_codec_name(c, where) for c in codecs]
+    if names not in (["bytes"], ["bytes", "crc32c"]):
+        raise NotUnshardable(f"index codecs {names} are not bytes[+crc32c]")
+    endian = _codec_config(codecs[0]).get("endian", "little")
+    if endian not in ("little", "big"):
+        raise MetadataError(where, f"index bytes codec endian must be little or big, got {endian!r}")
+    return ("<u8" if endian == "little" else ">u8"), len(names) == 2
+
+
+def _transpose_order(codec: Any, ndim: int, where: str) -> tuple[int, ...]:
+    order = _codec_config(codec).get("order")
+    if order == "C":
+        return tuple(range(ndim))
+    if order == "F":
+        return tuple(reversed(range(ndim)))
+    if not isinstance(order, list) or sorted(order) != list(range(ndim)):
+        raise MetadataError(where, f"transpose order {order!r} is not a permutation of {ndim} axes")
+    return tuple(order)
+
+
+def plan_sharding(meta: dict, shape: tuple[int, ...], chunk_shape: tuple[int, ...], where: str) -> ShardPlan | None:
+    """The sharding levels of an array, or None if its codecs hold no `sharding_indexed`.
+
+    Raises NotUnshardable when the array is sharded but its chunks are not byte ranges of the
+    shards, and MetadataError when the metadata is wrong.
+    """
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list) or not codecs:
+        raise MetadataError(where, "codecs must be a non-empty list")
+    if not any(_codec_name(c, where) == "sharding_indexed" for c in codecs):
+        return None
+    if meta.get("storage_transformers"):
+        raise NotUnshardable("storage transformers are present")
+    ndim = len(shape)
+    levels: list[Level] = []
+    perm = tuple(range(ndim))
+    shard_shape = chunk_shape  # array order
+    while True:
+        names = [_codec_name(c, where) for c in codecs]
+        if "sharding_indexed" not in names:
+            break
+        at = names.index("sharding_indexed")
+        for c, name in zip(codecs[:at], names[:at]):
+            if name != "transpose":
+                raise NotUnshardable(f"array->array codec {name!r} stands before sharding")
+            order = _transpose_order(c, ndim, where)
+            perm = tuple(perm[o] for o in order)
+        if at != len(codecs) - 1:
+            raise NotUnshardable(f"bytes->bytes codec {names[at + 1]!r} stands after sharding")
+        conf = _codec_config(codecs[at])
+        inner_level = _ints(conf.get("chunk_shape"), where, "sharding chunk_shape", positive=True)
+        if len(inner_level) != ndim:
+            raise MetadataError(where, f"sharding chunk_shape {list(inner_level)} has the wrong rank")
+        shard_level = tuple(shard_shape[p] for p in perm)
+        if any(s % i for s, i in zip(shard_level, inner_level)):
+            raise NotUnshardable(f"inner chunk shape {list(inner_level)} does not divide shard shape {list(shard_level)}")
+        location = conf.get("index_location", "end")
+        if location not in ("start", "end"):
+            raise MetadataError(where, f"sharding index_location must be start or end, got {location!r}")
+        index_dtype, index_crc = _parse_index_codecs(conf.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}]), where)
+        inner = [0] * ndim
+        for i, p in enumerate(perm):
+            inner[p] = inner_level[i]
+        grid = tuple(s // i for s, i in zip(shard_level, inner_level))
+        levels.append(Level(shard_shape, tuple(inner), perm, grid, location, index_dtype, index_crc))
+        shard_shape = tuple(inner)
+        codecs = conf.get("codecs")
+        if not isinstance(codecs, list) or not codecs:
+            raise MetadataError(where, "sharding codecs must be a non-empty list")
+    prefix = [] if perm == tuple(range(ndim)) else [{"name": "transpose", "configuration": {"order": list(perm)}}]
+    return ShardPlan(tuple(levels), shard_shape, prefix + list(codecs))
+
+
+# --------------------------------------------------------------------------- hierarchy
+
+
+@dataclass
+class ArrayNode:
+    path: str  # "" for a root array, else "a/b"
+    meta: dict
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]  # of the stored chunk grid (the shard shape when sharded)
+    encoding: ChunkKeyEncoding
+    plan: ShardPlan | None = None
+    warning: str | None = None  # set when sharded but shown as stored
+
+    @property
+    def sharded(self) -> bool:
+        return self.plan is not None or self.warning is not None
+
+    def store_key(self, key: str) -> str:
+        return f"{self.path}/{key}" if self.path else key
+
+
+@dataclass
+class GroupNode:
+    path: str
+    meta: dict
+    children: list[str] = field(default_factory=list)  # names of child nodes (arrays/groups)
+
+
+def parse_array(path: str, meta: dict, where: str) -> ArrayNode:
+    shape = _ints(meta.get("shape"), where, "shape", positive=False)
+    grid = meta.get("chunk_grid")
+    if _codec_name(grid, where) != "regular":
+        raise MetadataError(where, f"unsupported chunk_grid {_codec_name(grid, where)!r}")
+    chunk_shape = _ints(_codec_config(grid).get("chunk_shape"), where, "chunk_shape", positive=True)
+    if len(chunk_shape) != len(shape):
+        raise MetadataError(where, f"chunk_shape {list(chunk_shape)} and shape {list(shape)} differ in rank")
+    if "data_type" not in meta:
+        raise MetadataError(where, "data_type is missing")
+    node = ArrayNode(path, meta, shape, chunk_shape, ChunkKeyEncoding.parse(meta, where))
+    try:
+        node.plan = plan_sharding(meta, shape, chunk_shape, where)
+    except NotUnshardable as e:
+        node.warning = f"shown as stored: {e}"
+    return node
+
+
+def parse_node(path: str, raw: bytes, where: str) -> ArrayNode | GroupNode:
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MetadataError(where, f"malformed JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise MetadataError(where, "metadata is not a JSON object")
+    if meta.get("zarr_format") != 3:
+        raise MetadataError(where, f"zarr_format must be 3, got {meta.get('zarr_format')!r}")
+    kind = meta.get("node_type")
+    if kind == "array":
+        return parse_array(path, meta, where)
+    if kind == "group":
+        return GroupNode(path, meta)
+    raise MetadataError(where, f"node_type must be 'array' or 'group', got {kind!r}")
+
+
+def child_path(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+async def load_hierarchy(store: Store) -> dict[str, ArrayNode | GroupNode]:
+    """Every group and array below the root, keyed by path ("" is the root).
+
+    Directories without a `zarr.json` are not descended into (they are not Zarr nodes and are
+    shown as plain directories); arrays are not descended into either.
+    """
+    raw = await store.read(META)
+    if raw is None:
+        raise MetadataError(store.display, "no zarr.json at the root (not a Zarr v3 store)")
+    nodes: dict[str, ArrayNode | GroupNode] = {}
+    todo = [("", raw)]
+    while todo:
+        path, raw = todo.pop()
+        where = f"{store.display}/{child_path(path, META)}"
+        node = nodes[path] = parse_node(path, raw, where)
+        if node.warning if isinstance(node, ArrayNode) else False:
+            log.warning("%s: %s", where, node.warning)
+        if isinstance(node, GroupNode):
+            for entry in sorted(await store.list(path) or [], key=lambda e: e.name):
+                if not entry.is_dir:
+                    continue
+                sub = child_path(path, entry.name)
+                child_raw = await store.read(f"{sub}/{META}")
+                if child_raw is not None:
+                    node.children.append(entry.name)
+                    todo.append((sub, child_raw))
+    return nodes
+
+
+# --------------------------------------------------------------------------- shard indexes
+
+
+@dataclass(frozen=True, slots=True)
+class ShardIndex:
+    """Decoded `(offset, nbytes)` pairs (native uint64, C order over the level's inner grid).
+
+    Entries pointing outside their container are marked bad (offset `_BAD`): their chunk is
+    EIO while the rest of the shard stays readable.
+    """
+
+    entries: np.ndarray
+
+    def present(self) -> np.ndarray:
+        off = self.entries[:, 0]
+        return np.flatnonzero((off != EMPTY) & (off != _BAD))
+
+
+def decode_index(raw: bytes, level: Level, key: str, container: int | None) -> ShardIndex:
+    """Check and decode one shard index. `container` is the byte length of the shard (or
+    nested shard) when known, to reject entries that point past its end."""
+    n = level.n
+    if len(raw) != level.index_nbytes:
+        raise CorruptShardError(key, f"shard index is {len(raw)} bytes, expected {level.index_nbytes}")
+    body = raw[: 16 * n]
+    if level.index_crc:
+        stored = int.from_bytes(raw[16 * n :], "little")
+        if crc32c.crc32c(body) != stored:
+            raise CorruptShardError(key, "shard index checksum (crc32c) mismatch")
+    entries = np.frombuffer(body, dtype=level.index_dtype).reshape(n, 2).astype(np.uint64)
+    off, nb = entries[:, 0], entries[:, 1]
+    empty = (off == EMPTY) & (nb == EMPTY)
+    at_start = level.index_location == "start"
+    lo = np.uint64(level.index_nbytes if at_start else 0)
+    hi = np.uint64(2**63 if container is None else max(0, container - (0 if at_start else level.index_nbytes)))
+    bad = ~empty & ((off < lo) | (off > hi) | (nb > hi - np.minimum(off, hi)))
+    entries = entries.copy() if bad.any() else entries
+    if bad.any():
+        log.warning("corrupt shard %s: %d index entries point outside the shard", key, int(bad.sum()))
+        entries[bad, 0] = _BAD
+    entries[empty, 0] = EMPTY
+    return ShardIndex(entries)
+
+
+class ShardedArray:
+    """Chunk location and listing for one sharded array whose plan is known."""
+
+    def __init__(self, node: ArrayNode, store: Store, cache: CoalescingCache):
+        assert node.plan is not None
+        self.node = node
+        self.plan = node.plan
+        self.store = store
+        self.cache = cache
+        self.ndim = len(node.shape)
+        self.chunk_shape = np.array(self.plan.chunk_shape, dtype=np.int64)
+        self.shard_shape = np.array(self.plan.shard_shape, dtype=np.int64)
+        self.grid = tuple(-(-s // c) for s, c in zip(node.shape, self.plan.chunk_shape))
+        self.shard_grid = tuple(-(-s // c) for s, c in zip(node.shape, self.plan.shard_shape))
+        #: how many innermost chunks one shard spans along each axis
+        self.per_shard = tuple(int(s // c) for s, c in zip(self.shard_shape, self.chunk_shape))
+
+    def shard_key(self, shard: tuple[int, ...]) -> str:
+        return self.node.store_key(self.node.encoding.key(shard))
+
+    async def index(self, key: str, start: int, length: int | None, depth: int) -> ShardIndex | None:
+        """The index of the (nested) shard at `[start, start+length)` of `key`; None if the
+        shard object does not exist (top level only)."""
+        return await self.cache.get((key, start, depth), lambda: self._load_index(key, start, length, depth))
+
+    async def _load_index(self, key: str, start: int, length: int | None, depth: int) -> ShardIndex | None:
+        level = self.plan.levels[depth]
+        size = level.index_nbytes
+        if level.index_location == "start":
+            raw = await self.store.read(key, start, size)
+        elif length is None:
+            raw = await self.store.read(key, -size)
+        else:
+            raw = await self.store.read(key, start + length - size, size) if length >= size else b""
+        if raw is None:
+            if depth == 0:
+                return None
+            raise CorruptShardError(key, "shard disappeared while reading a nested index")
+        if length is not None and length < size:
+            raise CorruptShardError(key, f"nested shard of {length} bytes is smaller than its index")
+        try:
+            return decode_index(raw, level, key, length)
+        except CorruptShardError as e:
+            log.warning("%s", e)
+            raise
+
+    def in_grid(self, coords: tuple[int, ...]) -> bool:
+        return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.grid))
+
+    async def locate(self, coords: tuple[int, ...]) -> ChunkRef | None:
+        """Byte range of innermost chunk `coords` (grid coordinates, array order), or None when
+        the chunk is empty or its shard is missing. Raises CorruptShardError for a bad shard.
+
+        Plain integer arithmetic: this runs on every lookup and read."""
+        if not self.in_grid(coords):
+            return None
+        origin = [c * s for c, s in zip(coords, self.plan.chunk_shape)]
+        shard = tuple(o // s for o, s in zip(origin, self.plan.shard_shape))
+        key = self.shard_key(shard)
+        base = [c * s for c, s in zip(shard, self.plan.shard_shape)]
+        start, length = 0, None
+        for depth, level in enumerate(self.plan.levels):
+            local = [(o - b) // i for o, b, i in zip(origin, base, level.inner_shape)]
+            lin = 0
+            for axis, g in zip(level.perm, level.grid):
+                lin = lin * g + local[axis]
+            idx = await self.index(key, start, length, depth)
+            if idx is None:
+                return None
+            off, nb = idx.entries[lin].tolist()
+            if off == _EMPTY_INT:
+                return None
+            if off == _BAD_INT:
+                raise CorruptShardError(key, f"index entry {lin} points outside the shard")
+            start, length = start + off, nb
+            base = [b + l * i for b, l, i in zip(base, local, level.inner_shape)]
+        return ChunkRef(key, start, length)
+
+    async def chunks_in_shard(self, shard: tuple[int, ...]) -> np.ndarray:
+        """Grid coordinates (m, ndim) of the non-empty innermost chunks of one shard, inside the
+        array bounds. A corrupt shard contributes nothing (it was logged when decoded)."""
+        key = self.shard_key(shard)
+        base = np.array(shard, dtype=np.int64) * self.shard_shape
+        try:
+            found = await self._walk(key, 0, None, base, 0)
+        except CorruptShardError:
+            return np.zeros((0, self.ndim), dtype=np.int64)
+        coords = np.concatenate(found) if found else np.zeros((0, self.ndim), dtype=np.int64)
+        inside = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
+        return coords[inside]
+
+    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int) -> list[np.ndarray]:
+        level = self.plan.levels[depth]
+        idx = await self.index(key, start, length, depth)
+        if idx is None:
+            return []
+        present = idx.present()
+        if self.ndim:
+            local_level = np.stack(np.unravel_index(present, level.grid), axis=1)
+        else:
+            local_level = np.zeros((len(present), 0), dtype=np.int64)
+        local = np.empty_like(local_level)
+        local[:, list(level.perm)] = local_level
+        elem = base + local * np.array(level.inner_shape, dtype=np.int64)
+        if depth == len(self.plan.levels) - 1:
+            return [elem // self.chunk_shape]
+        out: list[np.ndarray] = []
+        for row, lin in zip(elem, present):
+            off, nb = (int(v) for v in idx.entries[lin])
+            try:
+                out += await self._walk(key, start + off, nb, row, depth + 1)
+            except CorruptShardError:
+                continue
+        return out
+
+    def shards_touching(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        """Shards that can hold chunks whose leading grid coordinates are `prefix`."""
+        ranges = [range(p // s, p // s + 1) for p, s in zip(prefix, self.per_shard)]
+        ranges += [range(g) for g in self.shard_grid[len(prefix):]]
+        return itertools.product(*ranges)

@@ -1,0 +1,107 @@
+"""Mount options (`-o a,b=c`), parsed by zvfs itself.
+
+pyfuse3 rejects libfuse's high-level options, and `mount -t fuse.zvfs`/fstab hand over the
+generic mount(8) options too, so every option is parsed here: zvfs's own are typed and checked,
+generic ones that make no sense for a read-only FUSE mount are accepted and ignored, anything
+else is refused with a message naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from .errors import OptionError
+
+VIEWS = ("zarr",)
+
+#: mount(8)/fstab options that are accepted and have no effect (zvfs is always read-only,
+#: never has devices or set-uid files, and keeps no access times).
+GENERIC = {
+    "ro", "defaults", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto",
+    "user", "nouser", "users", "owner", "atime", "noatime", "relatime", "strictatime",
+    "nodiratime", "diratime", "async", "sync", "_netdev", "nofail", "default_permissions",
+}
+
+#: option name -> (field, kind, help)
+OWN = {
+    "view": ("view", "view", "view to show: " + ", ".join(VIEWS) + " (default: zarr for Zarr stores)"),
+    "allow_other": ("allow_other", "flag", "let other users see the mount (adds default_permissions)"),
+    "log": ("log_file", "str", "append the daemon's log to this file"),
+    "debug": ("debug", "flag", "log at debug level"),
+    "index_cache": ("index_cache", "size", "bytes of decoded shard indexes to keep (default 64M)"),
+    "max_requests": ("max_requests", "int", "backend requests in flight at once (default 16)"),
+    "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
+    "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
+}
+
+
+@dataclass
+class MountOptions:
+    view: str | None = None
+    allow_other: bool = False
+    log_file: str | None = None
+    debug: bool = False
+    index_cache: int = 64 << 20
+    max_requests: int = 16
+    mount_timeout: float = 60.0
+    fsname: str | None = None
+    ignored: list[str] = field(default_factory=list)
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)([KMGT]?)(i?B)?", text.strip(), re.IGNORECASE)
+    if not m:
+        raise ValueError(text)
+    return int(m.group(1)) << (10 * " KMGT".index((m.group(2) or " ").upper()))
+
+
+def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountOptions:
+    """Parse `-o` values (each a comma-separated list) into MountOptions."""
+    opts = opts or MountOptions()
+    for group in groups:
+        for item in filter(None, (s.strip() for s in group.split(","))):
+            name, has_value, value = item.partition("=")
+            if name in GENERIC or name.startswith("x-") or name == "comment":
+                opts.ignored.append(item)
+                continue
+            if name == "rw":
+                logging.getLogger("zvfs").warning("zvfs is read-only: ignoring 'rw'")
+                continue
+            if name not in OWN:
+                raise OptionError(f"unknown mount option '{name}' (see 'zvfs mount --help')")
+            attr, kind, _ = OWN[name]
+            if kind == "flag":
+                if has_value:
+                    raise OptionError(f"mount option '{name}' takes no value")
+                setattr(opts, attr, True)
+                continue
+            if not has_value or not value:
+                raise OptionError(f"mount option '{name}' needs a value ({name}=...)")
+            try:
+                if kind == "view":
+                    if value not in VIEWS:
+                        raise ValueError(value)
+                    parsed = value
+                elif kind == "size":
+                    parsed = parse_size(value)
+                elif kind == "int":
+                    parsed = int(value)
+                    if parsed < 1:
+                        raise ValueError(value)
+                elif kind == "float":
+                    parsed = float(value)
+                    if not parsed > 0:
+                        raise ValueError(value)
+                else:
+                    parsed = value
+            except ValueError:
+                choices = f" (one of: {', '.join(VIEWS)})" if kind == "view" else ""
+                raise OptionError(f"bad value for mount option '{name}': {value!r}{choices}") from None
+            setattr(opts, attr, parsed)
+    return opts
+
+
+def options_help() -> str:
+    return "\n".join(f"  {name:<14} {text}" for name, (_, _, text) in OWN.items())

@@ -1,0 +1,95 @@
+"""A bounded, coalescing async cache for decoded shard indexes and similar derived data.
+
+Bounded by the sum of the entries' sizes (LRU eviction), so memory stays flat however many
+shards a reader walks. Concurrent requests for a key that is being loaded wait for that one
+load instead of issuing their own (single flight): a directory listing that fans out over
+many chunks of one shard costs one index read.
+
+Loaders may fail. `CorruptShardError` is a property of immutable bytes and is cached like a
+value (so a bad shard is reported once, not on every read); other errors are not cached.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Awaitable, Callable, Hashable
+
+import trio
+
+from ..errors import CorruptShardError
+
+
+class _Flight:
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self):
+        self.done = trio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class CoalescingCache:
+    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int]):
+        self.max_bytes = max_bytes
+        self._sizeof = sizeof
+        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._flights: dict[Hashable, _Flight] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[Any]]) -> Any:
+        hit = self._entries.get(key)
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return _unwrap(hit[0])
+        flight = self._flights.get(key)
+        if flight is not None:
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return _unwrap(flight.value)
+        self.misses += 1
+        flight = self._flights[key] = _Flight()
+        try:
+            try:
+                value = await load()
+            except CorruptShardError as e:
+                value = _Failed(e)
+            flight.value = value
+            self._put(key, value)
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            del self._flights[key]
+            flight.done.set()
+        return _unwrap(value)
+
+    def _put(self, key: Hashable, value: Any) -> None:
+        size = 64 if isinstance(value, _Failed) else self._sizeof(value) + 64
+        if size > self.max_bytes:
+            return
+        self._entries[key] = (value, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, old) = self._entries.popitem(last=False)
+            self._bytes -= old
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: CorruptShardError):
+        self.error = error
+
+
+def _unwrap(value: Any) -> Any:
+    if isinstance(value, _Failed):
+        raise value.error
+    return value

@@ -1,0 +1,57 @@
+"""Any fsspec filesystem (HTTP, S3, GCS, memory, ...) as a store.
+
+fsspec's blocking API is called from worker threads under one `trio.CapacityLimiter`, so a
+slow backend never stalls the FUSE loop and the number of requests in flight stays bounded.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ..errors import StorageError
+from .base import Entry, Store
+
+
+class FsspecStore(Store):
+    def __init__(self, fs, root: str, display: str, max_requests: int = 16):
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.display = display
+        self._limiter = trio.CapacityLimiter(max_requests)
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    async def read(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
+        end = None if (length is None or start < 0) else start + length
+        return await trio.to_thread.run_sync(self._read_sync, key, start, end, limiter=self._limiter)
+
+    def _read_sync(self, key: str, start: int, end: int | None) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._path(key), start=start, end=end)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise StorageError(f"{self.display}/{key}: {e}") from e
+
+    async def list(self, prefix: str) -> list[Entry] | None:
+        return await trio.to_thread.run_sync(self._list_sync, prefix, limiter=self._limiter)
+
+    def _list_sync(self, prefix: str) -> list[Entry] | None:
+        path = self._path(prefix)
+        try:
+            if not self.fs.isdir(path):
+                return None
+            infos = self.fs.ls(path, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise StorageError(f"{self.display}/{prefix}: {e}") from e
+        out = []
+        for info in infos:
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if not name or info["name"].rstrip("/") == path:
+                continue
+            is_dir = info.get("type") == "directory"
+            out.append(Entry(name, is_dir, 0 if is_dir else int(info.get("size") or 0)))
+        return out

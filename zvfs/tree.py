@@ -1,0 +1,248 @@
+"""The virtual tree: lazy directories, stable inode numbers, exact sizes. No FUSE here.
+
+Two kinds of inode numbers keep memory flat however many chunk files a store has:
+
+- *interned* nodes (groups, arrays, metadata files, pass-through entries) get a number on first
+  use and keep it for the life of the tree;
+- *computed* nodes (chunk directories and chunk files) live in a range of numbers reserved per
+  array; a node's number is a function of its grid position, so nothing is stored per chunk
+  and the node is rebuilt from its number when the kernel asks for it again.
+
+Views build their directories from these pieces; the FUSE adapter and the `ls`/`cat` commands
+walk the same tree.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Callable, Hashable, Iterable
+
+from .errors import CorruptShardError
+from .formats.chunkref import ChunkRef
+from .storage.base import Store
+
+ROOT_INO = 1
+
+
+class Node:
+    __slots__ = ("ino",)
+    is_dir = False
+
+    def __init__(self, ino: int):
+        self.ino = ino
+
+
+class File(Node):
+    __slots__ = ()
+
+    async def size(self) -> int:
+        raise NotImplementedError
+
+    async def read(self, offset: int, size: int) -> bytes:
+        raise NotImplementedError
+
+
+class Dir(Node):
+    __slots__ = ()
+    is_dir = True
+
+    async def lookup(self, name: str) -> Node | None:
+        """The child called `name`, or None. Must not need a listing where avoidable."""
+        raise NotImplementedError
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        """All children, sorted by name."""
+        raise NotImplementedError
+
+
+class BytesFile(File):
+    """A small file held in memory (rewritten metadata)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, ino: int, data: bytes):
+        super().__init__(ino)
+        self.data = data
+
+    async def size(self) -> int:
+        return len(self.data)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+
+class RangeFile(File):
+    """A file whose bytes are a byte range of a store key (a chunk inside a shard)."""
+
+    __slots__ = ("store", "ref")
+
+    def __init__(self, ino: int, store: Store, ref: ChunkRef):
+        super().__init__(ino)
+        self.store = store
+        self.ref = ref
+
+    async def size(self) -> int:
+        return self.ref.file_size
+
+    async def read(self, offset: int, size: int) -> bytes:
+        ref = self.ref
+        if ref.decode is not None:
+            raw = await self.store.read(ref.key, ref.offset, ref.length)
+            _check_length(ref, raw)
+            return ref.decode(raw)[offset : offset + size]
+        size = max(0, min(size, ref.length - offset))
+        if size == 0:
+            return b""
+        data = await self.store.read(ref.key, ref.offset + offset, size)
+        _check_length(ref, data, size)
+        return data
+
+
+def _check_length(ref: ChunkRef, data: bytes | None, expected: int | None = None) -> None:
+    expected = ref.length if expected is None else expected
+    if data is None or len(data) != expected:
+        got = "nothing" if data is None else f"{len(data)} bytes"
+        raise CorruptShardError(ref.key, f"truncated: expected {expected} bytes at offset {ref.offset}, got {got}")
+
+
+class PassFile(File):
+    """A store key shown as it is."""
+
+    __slots__ = ("store", "key", "_size")
+
+    def __init__(self, ino: int, store: Store, key: str, size: int):
+        super().__init__(ino)
+        self.store = store
+        self.key = key
+        self._size = size
+
+    async def size(self) -> int:
+        return self._size
+
+    async def read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self._size - offset))
+        return await self.store.read(self.key, offset, size) if size else b""
+
+
+class ListedDir(Dir):
+    """A directory whose children are known only by listing; the listing is made once (the
+    source is immutable) and lookups are answered from it."""
+
+    __slots__ = ("_entries", "_by_name")
+
+    def __init__(self, ino: int):
+        super().__init__(ino)
+        self._entries: list[tuple[str, Node]] | None = None
+        self._by_name: dict[str, Node] = {}
+
+    async def list_children(self) -> Iterable[tuple[str, Node]]:
+        raise NotImplementedError
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        if self._entries is None:
+            self._entries = sorted(await self.list_children(), key=lambda e: e[0])
+            self._by_name = dict(self._entries)
+        return self._entries
+
+    async def lookup(self, name: str) -> Node | None:
+        await self.entries()
+        return self._by_name.get(name)
+
+
+class PassDir(ListedDir):
+    """A store "directory" shown as it is."""
+
+    __slots__ = ("tree", "store", "prefix")
+
+    def __init__(self, ino: int, tree: "Tree", store: Store, prefix: str):
+        super().__init__(ino)
+        self.tree = tree
+        self.store = store
+        self.prefix = prefix
+
+    async def list_children(self) -> Iterable[tuple[str, Node]]:
+        out = []
+        for e in await self.store.list(self.prefix) or []:
+            key = f"{self.prefix}/{e.name}" if self.prefix else e.name
+            out.append((e.name, pass_node(self.tree, self.store, key, e.is_dir, e.size)))
+        return out
+
+
+def pass_node(tree: "Tree", store: Store, key: str, is_dir: bool, size: int) -> Node:
+    """The interned pass-through node for a store key."""
+    if is_dir:
+        return tree.intern(("pass", id(store), key), lambda ino: PassDir(ino, tree, store, key))
+    return tree.intern(("pass", id(store), key), lambda ino: PassFile(ino, store, key, size))
+
+
+class InodeRange:
+    """A block of computed inode numbers: `node_at(i)` rebuilds the node numbered start+i."""
+
+    count: int
+
+    async def node_at(self, offset: int) -> Node | None:
+        raise NotImplementedError
+
+
+class Tree:
+    """Inode table of one mounted view."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, Node] = {}
+        self._keys: dict[Hashable, int] = {}
+        self._next = ROOT_INO
+        self._range_starts: list[int] = []
+        self._ranges: list[InodeRange] = []
+        self.root: Dir | None = None
+
+    def intern(self, key: Hashable, make: Callable[[int], Node]) -> Node:
+        ino = self._keys.get(key)
+        if ino is not None:
+            return self._nodes[ino]
+        ino = self._next
+        self._next += 1
+        node = self._nodes[ino] = make(ino)
+        self._keys[key] = ino
+        if ino == ROOT_INO:
+            assert isinstance(node, Dir)
+            self.root = node
+        return node
+
+    def reserve(self, block: InodeRange) -> int:
+        """Reserve `block.count` numbers for `block`; returns the first."""
+        start = self._next
+        self._next += max(1, block.count)
+        if self._next >= 2**63:
+            raise OverflowError("inode space exhausted")
+        self._range_starts.append(start)
+        self._ranges.append(block)
+        return start
+
+    async def node(self, ino: int) -> Node | None:
+        node = self._nodes.get(ino)
+        if node is not None:
+            return node
+        i = bisect.bisect_right(self._range_starts, ino) - 1
+        if i < 0:
+            return None
+        offset = ino - self._range_starts[i]
+        block = self._ranges[i]
+        if offset >= block.count:
+            return None
+        return await block.node_at(offset)
+
+    async def resolve(self, path: str) -> Node | None:
+        """The node at a `/`-separated path below the root ("" is the root)."""
+        node: Node | None = self.root
+        for part in (p for p in path.split("/") if p):
+            if node is None or not node.is_dir:
+                return None
+            node = await node.lookup(part)  # type: ignore[union-attr]
+        return node
+
+
+def grid_block_sizes(grid: tuple[int, ...]) -> list[int]:
+    """Number of grid prefixes of each length 0..ndim (1, g0, g0*g1, ...)."""
+    return [math.prod(grid[:d]) for d in range(len(grid) + 1)]
+
