@@ -1,0 +1,88 @@
+"""Storage layer without FUSE: local byte-range reads and the coalescing index cache."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from zvfs.errors import CorruptShardError, StorageError
+from zvfs.storage.cache import CoalescingCache
+from zvfs.storage.local import LocalStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "shard").write_bytes(bytes(range(100)))
+    return LocalStore(str(tmp_path), max_open_files=1)
+
+
+async def test_local_ranges_suffixes_and_missing_keys(store):
+    assert await store.read("a/shard", 10, 5) == bytes(range(10, 15))
+    assert await store.read("a/shard", -4) == bytes(range(96, 100))
+    assert await store.read("a/shard", 98, 10) == bytes([98, 99])  # short past the end
+    assert await store.read("a/shard") == bytes(range(100))
+    assert await store.read("a/missing", 0, 1) is None
+    assert await store.read("a", 0, 1) is None  # a directory is not a key
+    entries = await store.list("a")
+    assert [(e.name, e.is_dir, e.size) for e in entries] == [("shard", False, 100)]
+    assert await store.list("a/shard") is None
+    await store.aclose()
+
+
+async def test_cache_is_bounded_by_bytes():
+    cache = CoalescingCache(max_bytes=3 * (100 + 64), sizeof=len)
+    loads = []
+
+    def loader(k):
+        async def load():
+            loads.append(k)
+            return b"x" * 100
+        return load
+
+    for k in range(5):
+        await cache.get(k, loader(k))
+    assert cache.nbytes <= 3 * 164
+    await cache.get(4, loader(4))  # recent: still cached
+    await cache.get(0, loader(0))  # evicted: loaded again
+    assert loads == [0, 1, 2, 3, 4, 0]
+
+
+async def test_concurrent_gets_share_one_load_and_corrupt_results_are_cached():
+    cache = CoalescingCache(1 << 20, sizeof=len)
+    calls = 0
+
+    async def corrupt():
+        nonlocal calls
+        calls += 1
+        await trio.sleep(0.01)
+        raise CorruptShardError("c/0", "bad")
+
+    errors = []
+
+    async def get():
+        try:
+            await cache.get("k", corrupt)
+        except CorruptShardError as e:
+            errors.append(e)
+
+    async with trio.open_nursery() as n:
+        for _ in range(10):
+            n.start_soon(get)
+    await get()
+    assert calls == 1 and len(errors) == 11
+
+
+async def test_backend_errors_are_not_cached():
+    cache = CoalescingCache(1 << 20, sizeof=len)
+    attempts = []
+
+    async def flaky():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise StorageError("timeout")
+        return b"ok"
+
+    with pytest.raises(StorageError):
+        await cache.get("k", flaky)
+    assert await cache.get("k", flaky) == b"ok"
