@@ -43,15 +43,22 @@ def setup_logging(opts: MountOptions) -> None:
 
 
 def check_mountpoint(mountpoint: str) -> None:
-    """Refuse a missing mount point; clear a stale one left by a killed daemon."""
+    """Refuse a missing or busy mount point; clear a stale one left by a killed daemon.
+
+    A stale FUSE mount answers `stat` from the kernel's attribute cache, so it is probed with a
+    listing, which reaches the (dead) daemon and fails with ENOTCONN."""
     try:
+        if os.path.ismount(mountpoint):
+            os.listdir(mountpoint)
+            raise MetadataError(mountpoint, "already mounted (unmount it first: zvfs umount)")
         os.stat(mountpoint)
     except OSError as e:
         if e.errno == errno.ENOTCONN:
             log.warning("%s: clearing a stale mount left by a dead daemon", mountpoint)
             subprocess.run(["fusermount3", "-uz", mountpoint], capture_output=True)
             return check_mountpoint(mountpoint)
-        raise MetadataError(mountpoint, "mount point does not exist") from None
+        problem = "mount point does not exist" if e.errno == errno.ENOENT else f"mount point: {e.strerror}"
+        raise MetadataError(mountpoint, problem) from None
     if not os.path.isdir(mountpoint):
         raise MetadataError(mountpoint, "mount point is not a directory")
 
