@@ -15,7 +15,7 @@ import sys
 
 import trio
 
-from . import inspect as inspect_mod
+from . import report
 from .daemon import run_foreground, spawn_daemon
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
 from .options import MountOptions, options_help, parse_options
@@ -152,11 +152,8 @@ async def _cat(args) -> int:
 async def _inspect(args) -> int:
     src = await open_source(args.source, _mount_options(args))
     try:
-        report = await inspect_mod.describe(src)
-        if args.json:
-            print(json.dumps(report, indent=2))
-        else:
-            print(inspect_mod.render(report))
+        described = await report.describe(src)
+        print(json.dumps(described, indent=2) if args.json else report.render(described))
         return 0
     finally:
         await src.store.aclose()

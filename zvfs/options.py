@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .errors import OptionError
 
-VIEWS = ("zarr",)
+VIEWS = ("zarr", "precomputed")
 
 #: mount(8)/fstab options that are accepted and have no effect (zvfs is always read-only,
 #: never has devices or set-uid files, and keeps no access times).
@@ -26,11 +26,12 @@ GENERIC = {
 
 #: option name -> (field, kind, help)
 OWN = {
-    "view": ("view", "view", "view to show: " + ", ".join(VIEWS) + " (default: zarr for Zarr stores)"),
+    "view": ("view", "view", "view to show: " + ", ".join(VIEWS) + " (default: the store's own kind)"),
     "allow_other": ("allow_other", "flag", "let other users see the mount (adds default_permissions)"),
     "log": ("log_file", "str", "append the daemon's log to this file"),
     "debug": ("debug", "flag", "log at debug level"),
     "index_cache": ("index_cache", "size", "bytes of decoded shard indexes to keep (default 64M)"),
+    "decoded_cache": ("decoded_cache", "size", "bytes of decoded (gunzipped) chunks to keep (default 64M)"),
     "max_requests": ("max_requests", "int", "backend requests in flight at once (default 16)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
@@ -44,6 +45,7 @@ class MountOptions:
     log_file: str | None = None
     debug: bool = False
     index_cache: int = 64 << 20
+    decoded_cache: int = 64 << 20
     max_requests: int = 16
     mount_timeout: float = 60.0
     fsname: str | None = None

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import MetadataError
-from .formats import zarr3
+from .formats import precomputed, zarr3
 from .options import MountOptions
 from .storage import Store, open_store
 from .storage.cache import CoalescingCache
 from .tree import Tree
+from .views.precomputed import PrecomputedView
 from .views.zarr3 import Zarr3View
 
 
@@ -25,24 +26,40 @@ class OpenSource:
     tree: Tree
     cache: CoalescingCache
     zarr_nodes: dict | None = None
+    dataset: precomputed.Dataset | None = None
 
 
-def _index_nbytes(index) -> int:
-    return index.entries.nbytes if index is not None else 0
+def _nbytes(value) -> int:
+    """Size of a cached index (zarr3 ShardIndex, precomputed shard/minishard index)."""
+    if value is None:
+        return 0
+    entries = getattr(value, "entries", None)
+    return entries.nbytes if entries is not None else value.nbytes
 
 
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
     opts = opts or MountOptions()
     store = open_store(source, max_requests=opts.max_requests)
-    cache = CoalescingCache(opts.index_cache, _index_nbytes)
+    cache = CoalescingCache(opts.index_cache, _nbytes)
     try:
         if await store.read(zarr3.META) is not None:
-            view = opts.view or "zarr"
-            if view != "zarr":
-                raise MetadataError(source, f"view {view!r} is not available for Zarr v3 stores")
+            view = _view(source, opts, "zarr", ("zarr",))
             nodes = await zarr3.load_hierarchy(store)
-            return OpenSource(store, "zarr3", view, Zarr3View(store, nodes, cache).tree, cache, nodes)
-        raise MetadataError(source, "not a recognised store (no zarr.json at its root)")
+            return OpenSource(store, "zarr3", view, Zarr3View(store, nodes, cache).tree, cache, zarr_nodes=nodes)
+        if await store.read(precomputed.INFO) is not None:
+            view = _view(source, opts, "precomputed", ("precomputed",))
+            dataset = await precomputed.load_dataset(store)
+            decoded = CoalescingCache(opts.decoded_cache, len)
+            tree = PrecomputedView(store, dataset, cache, decoded).tree
+            return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset)
+        raise MetadataError(source, "not a recognised store (no zarr.json or precomputed info at its root)")
     except BaseException:
         await store.aclose()
         raise
+
+
+def _view(source: str, opts: MountOptions, default: str, allowed: tuple[str, ...]) -> str:
+    view = opts.view or default
+    if view not in allowed:
+        raise MetadataError(source, f"view {view!r} is not available for this store (available: {', '.join(allowed)})")
+    return view

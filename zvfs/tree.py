@@ -21,6 +21,7 @@ from typing import Callable, Hashable, Iterable
 from .errors import CorruptShardError
 from .formats.chunkref import ChunkRef
 from .storage.base import Store
+from .storage.cache import CoalescingCache
 
 ROOT_INO = 1
 
@@ -73,24 +74,40 @@ class BytesFile(File):
 
 
 class RangeFile(File):
-    """A file whose bytes are a byte range of a store key (a chunk inside a shard)."""
+    """A file whose bytes are a byte range of a store key (a chunk inside a shard).
 
-    __slots__ = ("store", "ref")
+    With a decode step (gzip-encoded precomputed chunks) the decoded bytes are what the file
+    holds; they are kept in `decoded` (a bounded cache shared by the view) so that the exact
+    size and the reads that follow cost one fetch and one decode."""
 
-    def __init__(self, ino: int, store: Store, ref: ChunkRef):
+    __slots__ = ("store", "ref", "decoded")
+
+    def __init__(self, ino: int, store: Store, ref: ChunkRef, decoded: CoalescingCache | None = None):
         super().__init__(ino)
         self.store = store
         self.ref = ref
+        self.decoded = decoded
+
+    async def _decode(self) -> bytes:
+        ref = self.ref
+        assert ref.decode is not None and self.decoded is not None
+
+        async def load() -> bytes:
+            raw = await self.store.read(ref.key, ref.offset, ref.length)
+            _check_length(ref, raw)
+            return ref.decode(raw)  # type: ignore[misc]
+
+        return await self.decoded.get((ref.key, ref.offset), load)
 
     async def size(self) -> int:
-        return self.ref.file_size
+        if self.ref.decode is not None:
+            return len(await self._decode())
+        return self.ref.length
 
     async def read(self, offset: int, size: int) -> bytes:
         ref = self.ref
         if ref.decode is not None:
-            raw = await self.store.read(ref.key, ref.offset, ref.length)
-            _check_length(ref, raw)
-            return ref.decode(raw)[offset : offset + size]
+            return (await self._decode())[offset : offset + size]
         size = max(0, min(size, ref.length - offset))
         if size == 0:
             return b""

@@ -11,15 +11,10 @@ class ChunkRef:
     """Bytes `[offset, offset+length)` of store key `key`, passed through `decode` if set.
 
     `decode` is None for pass-through chunks (the common case: the bytes of the inner chunk are
-    exactly the bytes of the unsharded chunk file). `size` is the file size the view shows.
+    exactly the bytes of the unsharded chunk file, and the file size is `length`).
     """
 
     key: str
     offset: int
     length: int
     decode: Callable[[bytes], bytes] | None = None
-    size: int | None = None
-
-    @property
-    def file_size(self) -> int:
-        return self.length if self.size is None else self.size

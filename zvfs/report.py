@@ -53,7 +53,7 @@ async def _describe_array(src: OpenSource, node: ArrayNode) -> dict:
             ref = await array.locate(tuple(int(c) for c in coords))
             if ref is not None:
                 chunks += 1
-                nbytes += ref.file_size
+                nbytes += ref.length
     info.update(shards_present=shards, chunks_present=chunks, bytes=nbytes)
     return info
 

@@ -1,0 +1,202 @@
+"""The unsharded Neuroglancer precomputed view of a sharded precomputed dataset.
+
+Every `info` loses its `sharding` members; every sharded directory shows the files the
+unsharded format has: volume chunks `<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`, skeletons and annotations
+`<id>`, multiresolution meshes `<id>.index` + `<id>`, spatial annotation cells `<c0>_<c1>_...`.
+gzip `data_encoding` exists only inside shards, so such chunks are served decoded under the
+plain names (what tensorstore and cloud-volume read). Everything else is shown as stored.
+
+Opening a file by name goes straight to its shard and minishard; only listing a directory
+reads the minishard indexes of all its shards.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import CorruptShardError
+from ..formats.chunkref import ChunkRef
+from ..formats.precomputed import INFO, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode, morton_encode, unsharded_info
+from ..storage.base import Store
+from ..storage.cache import CoalescingCache
+from ..tree import BytesFile, Dir, InodeRange, ListedDir, Node, RangeFile, Tree, pass_node
+from .zarr3 import parse_coord
+
+
+def info_file(tree: Tree, path: str, info: dict) -> Node:
+    """The info file at `path`, rewritten without its sharding members."""
+    return tree.intern(("pcinfo", path), lambda ino: BytesFile(ino, json.dumps(unsharded_info(info)).encode()))
+
+
+class PrecomputedView:
+    def __init__(self, store: Store, dataset: Dataset, cache: CoalescingCache, decoded: CoalescingCache):
+        self.store = store
+        self.dataset = dataset
+        self.cache = cache
+        self.decoded = decoded
+        self.tree = Tree()
+        self.tree.intern(("pc", ""), lambda ino: DatasetDir(ino, self))
+
+    def sharded_dir(self, sd: ShardedDir) -> Node:
+        def make(ino: int) -> Node:
+            kv = ShardedKV(self.store, sd.path, sd.spec, self.cache)
+            if sd.kind in ("volume", "spatial"):
+                return MortonDir(ino, self, sd, kv)
+            return IdDir(ino, self, sd, kv)
+
+        return self.tree.intern(("pc", sd.path), make)
+
+    def chunk_file(self, ino: int, ref: ChunkRef) -> RangeFile:
+        return RangeFile(ino, self.store, ref, self.decoded)
+
+
+class DatasetDir(ListedDir):
+    """The dataset root: rewritten `info`, sharded directories unsharded, the rest as stored."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, ino: int, view: PrecomputedView):
+        super().__init__(ino)
+        self.view = view
+
+    async def list_children(self) -> Iterable[tuple[str, Node]]:
+        view = self.view
+        out = []
+        for e in await view.store.list("") or []:
+            if e.name == INFO and not e.is_dir:
+                out.append((e.name, info_file(view.tree, INFO, view.dataset.info)))
+            elif e.is_dir and e.name in view.dataset.sharded:
+                out.append((e.name, view.sharded_dir(view.dataset.sharded[e.name])))
+            else:
+                out.append((e.name, pass_node(view.tree, view.store, e.name, e.is_dir, e.size)))
+        return out
+
+
+class ShardedDirNode(Dir):
+    """Common part of the sharded directories: the own `info`, listing once, lookup by name."""
+
+    __slots__ = ("view", "sd", "kv", "_listing")
+
+    def __init__(self, ino: int, view: PrecomputedView, sd: ShardedDir, kv: ShardedKV):
+        super().__init__(ino)
+        self.view = view
+        self.sd = sd
+        self.kv = kv
+        self._listing: list[tuple[str, Node]] | None = None
+
+    def _info(self) -> Node | None:
+        if self.sd.info is None:
+            return None
+        return info_file(self.view.tree, f"{self.sd.path}/{INFO}", self.sd.info)
+
+    async def lookup(self, name: str) -> Node | None:
+        if name == INFO:
+            return self._info()
+        return await self.lookup_file(name)
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        if self._listing is None:
+            ids = await self.kv.all_ids()
+            found = [e for e in await self.files_for(ids) if e[1] is not None]
+            info = self._info()
+            if info is not None:
+                found.append((INFO, info))
+            self._listing = sorted(found, key=lambda e: e[0])
+        return self._listing
+
+    async def lookup_file(self, name: str) -> Node | None:
+        raise NotImplementedError
+
+    async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
+        raise NotImplementedError
+
+
+class MortonDir(ShardedDirNode, InodeRange):
+    """Volume scales and spatial annotation indexes: chunk ids are compressed Morton codes of
+    grid cells, so inode numbers are computed from the code (nothing stored per chunk)."""
+
+    __slots__ = ("grid", "bits", "count", "start")
+
+    def __init__(self, ino: int, view: PrecomputedView, sd: ShardedDir, kv: ShardedKV):
+        super().__init__(ino, view, sd, kv)
+        self.grid = sd.scale.grid if sd.scale else sd.grid_shape
+        self.bits = morton_bits(self.grid)
+        self.count = 1 << sum(self.bits)
+        self.start = view.tree.reserve(self)
+
+    def name_of(self, cell) -> str:
+        return self.sd.scale.chunk_name(cell) if self.sd.scale else "_".join(str(int(c)) for c in cell)
+
+    def parse(self, name: str) -> tuple[int, ...] | None:
+        if self.sd.scale:
+            return self.sd.scale.parse_chunk_name(name)
+        parts = [parse_coord(p) for p in name.split("_")]
+        if len(parts) != len(self.grid) or None in parts or any(p >= g for p, g in zip(parts, self.grid)):  # type: ignore[operator]
+            return None
+        return tuple(parts)  # type: ignore[arg-type]
+
+    async def file(self, code: int) -> Node | None:
+        ref = await self.kv.get_ref(code)
+        return None if ref is None else self.view.chunk_file(self.start + code, ref)
+
+    async def node_at(self, offset: int) -> Node | None:
+        return await self.file(offset)
+
+    async def lookup_file(self, name: str) -> Node | None:
+        cell = self.parse(name)
+        return None if cell is None else await self.file(morton_encode(cell, self.bits))
+
+    async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
+        ids = ids[ids < np.uint64(self.count)]
+        cells = morton_decode(ids, self.bits)
+        inside = np.all(cells < np.array(self.grid), axis=1)
+        return [(self.name_of(c), await self.file(int(i))) for i, c in zip(ids[inside], cells[inside])]
+
+
+class IdDir(ShardedDirNode):
+    """Skeletons, annotations by id and relationships (`<id>`), and multiresolution meshes
+    (`<id>.index`, the manifest, and `<id>`, the fragment data stored right before it)."""
+
+    __slots__ = ()
+
+    @property
+    def mesh(self) -> bool:
+        return self.sd.kind == "mesh"
+
+    async def lookup_file(self, name: str) -> Node | None:
+        is_manifest = self.mesh and name.endswith(".index")
+        seg = parse_coord(name[: -len(".index")] if is_manifest else name)
+        if seg is None or seg >= 2**64:
+            return None
+        return await self.file(seg, is_manifest or not self.mesh)
+
+    async def file(self, seg: int, whole: bool) -> Node | None:
+        """The file for segment `seg`: its stored chunk (`whole`), or a mesh's fragment data."""
+        ref = await self.kv.get_ref(seg)
+        if ref is None:
+            return None
+        key = ("pcid", self.sd.path, seg, whole)
+        if whole:
+            return self.view.tree.intern(key, lambda ino: self.view.chunk_file(ino, ref))
+        manifest = await self.view.chunk_file(0, ref).read(0, 1 << 62)
+        frag = manifest_fragment_bytes(manifest, ref.key)
+        if frag > ref.offset - self.kv.spec.shard_index_nbytes:
+            raise CorruptShardError(ref.key, f"mesh fragments of segment {seg} would start before the shard data")
+        data = ChunkRef(ref.key, ref.offset - frag, frag)
+        return self.view.tree.intern(key, lambda ino: self.view.chunk_file(ino, data))
+
+    async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
+        out: list[tuple[str, Node | None]] = []
+        for seg in ids.tolist():
+            if self.mesh:
+                out.append((f"{seg}.index", await self.file(seg, True)))
+                try:
+                    out.append((str(seg), await self.file(seg, False)))
+                except CorruptShardError:
+                    continue  # logged; the manifest stays listed
+            else:
+                out.append((str(seg), await self.file(seg, True)))
+        return out
