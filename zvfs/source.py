@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import MetadataError
-from .formats import precomputed, zarr3
+from .formats import precomputed, zarr3, zvf
 from .options import MountOptions
 from .storage import Store, open_store
 from .storage.cache import CoalescingCache
 from .tree import Tree
 from .views.precomputed import PrecomputedView
 from .views.zarr3 import Zarr3View
+from .views.zvf import ZvfObjects
 
 
 @dataclass
@@ -45,7 +46,12 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
         if await store.read(zarr3.META) is not None:
             view = _view(source, opts, "zarr", ("zarr",))
             nodes = await zarr3.load_hierarchy(store)
-            return OpenSource(store, "zarr3", view, Zarr3View(store, nodes, cache).tree, cache, zarr_nodes=nodes)
+            zview = Zarr3View(store, nodes, cache)
+            kind = "zarr3"
+            if zvf.is_zvf(nodes):
+                kind = "zvf"
+                ZvfObjects(zview, CoalescingCache(opts.decoded_cache, len))
+            return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes)
         if await store.read(precomputed.INFO) is not None:
             view = _view(source, opts, "precomputed", ("precomputed",))
             dataset = await precomputed.load_dataset(store)

@@ -13,7 +13,7 @@ import bisect
 import itertools
 import json
 import logging
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -72,6 +72,8 @@ class Zarr3View:
         self.nodes = nodes
         self.cache = cache
         self.tree = Tree()
+        #: extra virtual children of a group (by group path): ZVF's `objects/`
+        self.extras: Callable[[str], list[tuple[str, Node]]] = lambda path: []
         self.node_for("")
 
     def node_for(self, path: str) -> Node:
@@ -106,13 +108,17 @@ class GroupDir(ListedDir):
         for e in await view.store.list(path) or []:
             sub = child_path(path, e.name)
             if e.name == META and not e.is_dir:
-                where = f"{view.store.display}/{sub}"
-                out.append((e.name, view.metadata_file(path, unsharded_group_metadata(self.group.meta, where))))
+                meta = unsharded_group_metadata(self.group.meta, f"{view.store.display}/{sub}")
+                if meta is self.group.meta:  # nothing to rewrite: the stored bytes, unchanged
+                    out.append((e.name, pass_node(view.tree, view.store, sub, False, e.size)))
+                else:
+                    out.append((e.name, view.metadata_file(path, meta)))
             elif e.name in self.group.children:
                 out.append((e.name, view.node_for(sub)))
             else:
                 out.append((e.name, pass_node(view.tree, view.store, sub, e.is_dir, e.size)))
-        return out
+        taken = {name for name, _ in out}
+        return out + [(name, node) for name, node in view.extras(path) if name not in taken]
 
 
 class ShardedArrayDir(Dir):

@@ -1,0 +1,221 @@
+"""ZVF (Zarr Vectors) stores: per-object read plans through the object manifest.
+
+A ZVF store is a Zarr v3 hierarchy, so the unsharded twin is the generic Zarr v3 view. What
+this module adds is the object: `object_index/manifests` names, per object, the chunks and
+the fragments in each chunk that hold its vertex rows (ZVF 0.6+ manifest). Reading an object
+is: manifest -> for each block, that chunk's `vertex_fragments` cell (fragment -> rows) and
+`vertices` cell (rows) -> the rows, concatenated in manifest order.
+
+The cells are read through the unsharded view's own chunk files (so sharded and unsharded
+arrays, local and remote stores, all take the same path and the same caches); blob formats are
+decoded by zarr-vectors' own decoders and the codecs by numcodecs.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import numcodecs
+import numpy as np
+
+from ..errors import CorruptShardError
+from .zarr3 import ArrayNode, GroupNode, child_path
+
+VERTICES = "vertices"
+VERTEX_FRAGMENTS = "vertex_fragments"
+OBJECT_INDEX = "object_index"
+MANIFESTS = "object_index/manifests"
+OBJECT_IDS = "object_index/object_ids"
+
+_BYTES_CODECS = {"zstd": numcodecs.Zstd, "blosc": numcodecs.Blosc, "gzip": numcodecs.GZip}
+
+#: reads the whole unsharded chunk file of `array path` at grid `cell`; None if absent
+CellReader = Callable[[str, tuple[int, ...]], Awaitable[bytes | None]]
+
+
+def is_zvf(nodes: dict) -> bool:
+    root = nodes.get("")
+    return isinstance(root, GroupNode) and isinstance(root.meta.get("attributes", {}).get("zarr_vectors"), dict)
+
+
+def decode_chunk(node: ArrayNode, codecs: list, raw: bytes) -> np.ndarray:
+    """Decode one (unsharded) chunk of a ZVF array: vlen-bytes or plain `bytes` arrays under
+    zstd/blosc/gzip. Returns a flat array (object dtype for vlen-bytes)."""
+    names = [c["name"] if isinstance(c, dict) else c for c in codecs]
+    data = raw
+    for name in reversed(names[1:]):
+        if name not in _BYTES_CODECS:
+            raise CorruptShardError(node.path, f"codec {name!r} is not supported for ZVF objects")
+        data = _BYTES_CODECS[name]().decode(data)
+    if names[0] == "vlen-bytes":
+        return numcodecs.VLenBytes().decode(data)
+    if names[0] == "bytes":
+        endian = (codecs[0].get("configuration") or {}).get("endian", "little") if isinstance(codecs[0], dict) else "little"
+        return np.frombuffer(data, dtype=np.dtype(node.meta["data_type"]).newbyteorder("<" if endian == "little" else ">"))
+    raise CorruptShardError(node.path, f"array->bytes codec {names[0]!r} is not supported for ZVF objects")
+
+
+@dataclass
+class ZvfLevel:
+    """One resolution level that has objects."""
+
+    path: str
+    sid_ndim: int
+    ndim: int  # coordinates per vertex row
+    dtype: np.dtype
+    origin: tuple[int, ...]  # chunk_grid_origin of the per-chunk arrays (cell = coords - origin)
+    num_rows: int
+    has_id_table: bool
+    manifests_per_chunk: int
+
+
+def find_levels(nodes: dict) -> list[ZvfLevel]:
+    root_attrs = nodes[""].meta.get("attributes", {}).get("zarr_vectors", {})
+    ndim = len(root_attrs.get("chunk_shape") or [0, 0, 0])
+    out = []
+    for path, node in sorted(nodes.items()):
+        if not isinstance(node, GroupNode) or "zarr_vectors_level" not in node.meta.get("attributes", {}):
+            continue
+        oi = nodes.get(child_path(path, OBJECT_INDEX))
+        manifests = nodes.get(child_path(path, MANIFESTS))
+        vertices = nodes.get(child_path(path, VERTICES))
+        if not (isinstance(oi, GroupNode) and isinstance(manifests, ArrayNode) and isinstance(vertices, ArrayNode)):
+            continue
+        oattrs = oi.meta.get("attributes", {})
+        vattrs = vertices.meta.get("attributes", {})
+        sid_ndim = int(oattrs.get("sid_ndim", ndim))
+        origin = tuple(vattrs.get("chunk_grid_origin") or [0] * len(vertices.shape))
+        out.append(ZvfLevel(
+            path=path, sid_ndim=sid_ndim, ndim=ndim, dtype=np.dtype(vattrs.get("dtype", "float32")).newbyteorder("<"),
+            origin=origin, num_rows=int(manifests.shape[0]) if manifests.shape else 0,
+            has_id_table=isinstance(nodes.get(child_path(path, OBJECT_IDS)), ArrayNode),
+            manifests_per_chunk=(manifests.plan.chunk_shape if manifests.plan else manifests.chunk_shape)[0],
+        ))
+    return out
+
+
+class ObjectReader:
+    """Object ids, manifests and vertex rows of one level, read through `read_cell`."""
+
+    def __init__(self, level: ZvfLevel, nodes: dict, codecs_of: Callable[[ArrayNode], list], read_cell: CellReader):
+        self.level = level
+        self.nodes = nodes
+        self.codecs_of = codecs_of
+        self.read_cell = read_cell
+        self._ids: np.ndarray | None = None
+
+    def _node(self, name: str) -> ArrayNode:
+        return self.nodes[child_path(self.level.path, name)]
+
+    async def _cell(self, name: str, cell: tuple[int, ...]) -> np.ndarray | None:
+        node = self._node(name)
+        raw = await self.read_cell(node.path, cell)
+        if raw is None:
+            return None
+        try:
+            return decode_chunk(node, self.codecs_of(node), raw)
+        except (ValueError, RuntimeError, TypeError) as e:
+            raise CorruptShardError(node.path, f"chunk {cell} does not decode ({e})") from None
+
+    async def ids(self) -> np.ndarray:
+        """Object id of each manifest row (the row number itself without an id table)."""
+        if self._ids is None:
+            if not self.level.has_id_table:
+                self._ids = np.arange(self.level.num_rows, dtype=np.int64)
+            else:
+                node = self._node(OBJECT_IDS)
+                per = (node.plan.chunk_shape if node.plan else node.chunk_shape)[0]
+                parts = []
+                for c in range(-(-self.level.num_rows // per)):
+                    cell = await self._cell(OBJECT_IDS, (c,))
+                    n = min(per, self.level.num_rows - c * per)
+                    parts.append(np.zeros(n, np.int64) if cell is None else cell[:n].astype(np.int64))
+                self._ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self._ids
+
+    async def row_of(self, oid: int) -> int | None:
+        ids = await self.ids()
+        rows = np.flatnonzero(ids == oid)
+        return int(rows[0]) if len(rows) else None
+
+    async def manifest(self, row: int) -> bytes:
+        per = self.level.manifests_per_chunk
+        cell = await self._cell(MANIFESTS, (row // per,))
+        return b"" if cell is None else bytes(cell[row % per])
+
+    async def manifests(self) -> list[bytes]:
+        per, n = self.level.manifests_per_chunk, self.level.num_rows
+        out: list[bytes] = []
+        for c in range(-(-n // per)):
+            cell = await self._cell(MANIFESTS, (c,))
+            count = min(per, n - c * per)
+            out += [b""] * count if cell is None else [bytes(b) for b in cell[:count]]
+        return out
+
+    def blocks(self, blob: bytes):
+        from zarr_vectors.encoding.fragments import decode_object_manifest_blocks
+
+        if len(blob) < 4 or blob[:4] == b"\0\0\0\0":
+            return []
+        try:
+            return decode_object_manifest_blocks(blob, sid_ndim=self.level.sid_ndim)
+        except Exception as e:  # noqa: BLE001 - any decoder failure is corrupt input
+            raise CorruptShardError(self._node(MANIFESTS).path, f"object manifest does not decode ({e})") from None
+
+    async def _fragments(self, coords: tuple[int, ...]):
+        from zarr_vectors.encoding.fragments import decode_fragments
+
+        cell = self._cell_of(coords)
+        found = await self._cell(VERTEX_FRAGMENTS, cell)
+        if found is None:
+            raise CorruptShardError(self._node(VERTEX_FRAGMENTS).path, f"manifest names chunk {coords}, which holds no fragments")
+        try:
+            return decode_fragments(bytes(found[0]))
+        except Exception as e:  # noqa: BLE001
+            raise CorruptShardError(self._node(VERTEX_FRAGMENTS).path, f"fragment index of chunk {coords} does not decode ({e})") from None
+
+    def _cell_of(self, coords: tuple[int, ...]) -> tuple[int, ...]:
+        origin = self.level.origin[-len(coords):] if len(self.level.origin) >= len(coords) else (0,) * len(coords)
+        return tuple(int(c) - int(o) for c, o in zip(coords, origin))
+
+    async def row_indices(self, blob: bytes) -> list[tuple[tuple[int, ...], np.ndarray]]:
+        """The read plan: (chunk coords, vertex row indices in that chunk) in manifest order."""
+        plan = []
+        for coords, ref in self.blocks(blob):
+            fi = await self._fragments(tuple(coords))
+            if isinstance(ref, int):
+                frags = [ref]
+            elif isinstance(ref, tuple):
+                frags = range(ref[0], ref[0] + ref[1])
+            else:
+                frags = [int(f) for f in ref]
+            for f in frags:
+                if not 0 <= f < fi.num_fragments:
+                    raise CorruptShardError(self._node(VERTEX_FRAGMENTS).path, f"fragment {f} of chunk {coords} does not exist")
+                plan.append((tuple(coords), np.asarray(fi.indices(f), dtype=np.int64)))
+        return plan
+
+    async def vertices(self, blob: bytes) -> np.ndarray:
+        rows = []
+        cache: dict[tuple[int, ...], np.ndarray] = {}
+        for coords, idx in await self.row_indices(blob):
+            if coords not in cache:
+                cell = await self._cell(VERTICES, self._cell_of(coords))
+                payload = b"" if cell is None else bytes(cell[0])
+                cache[coords] = np.frombuffer(payload, dtype=self.level.dtype).reshape(-1, self.level.ndim)
+            block = cache[coords]
+            if len(idx) and (idx.max() >= len(block) or idx.min() < 0):
+                raise CorruptShardError(self._node(VERTICES).path, f"fragment rows past the end of chunk {coords}")
+            rows.append(block[idx])
+        if not rows:
+            return np.zeros((0, self.level.ndim), dtype=self.level.dtype)
+        return np.concatenate(rows)
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The exact header numpy.save writes for an array of this dtype and shape."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+    return buf.getvalue()
