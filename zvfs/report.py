@@ -21,7 +21,7 @@ async def _stored_keys(store: Store, prefix: str) -> list[int]:
             if e.is_dir:
                 todo.append(key)
             elif e.name != META:
-                sizes.append(e.size)
+                sizes.append(e.size if e.size is not None else await store.size(key) or 0)
     return sizes
 
 

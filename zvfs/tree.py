@@ -128,17 +128,19 @@ class PassFile(File):
 
     __slots__ = ("store", "key", "_size")
 
-    def __init__(self, ino: int, store: Store, key: str, size: int):
+    def __init__(self, ino: int, store: Store, key: str, size: int | None):
         super().__init__(ino)
         self.store = store
         self.key = key
         self._size = size
 
     async def size(self) -> int:
+        if self._size is None:  # the listing did not say (HTTP): ask once
+            self._size = await self.store.size(self.key) or 0
         return self._size
 
     async def read(self, offset: int, size: int) -> bytes:
-        size = max(0, min(size, self._size - offset))
+        size = max(0, min(size, await self.size() - offset))
         return await self.store.read(self.key, offset, size) if size else b""
 
 
@@ -186,7 +188,7 @@ class PassDir(ListedDir):
         return out
 
 
-def pass_node(tree: "Tree", store: Store, key: str, is_dir: bool, size: int) -> Node:
+def pass_node(tree: "Tree", store: Store, key: str, is_dir: bool, size: int | None) -> Node:
     """The interned pass-through node for a store key."""
     if is_dir:
         return tree.intern(("pass", id(store), key), lambda ino: PassDir(ino, tree, store, key))

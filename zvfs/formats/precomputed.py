@@ -130,12 +130,6 @@ class Minishard:
         return 3 * 8 * len(self.ids)
 
 
-def _cache_size(value) -> int:
-    if value is None:
-        return 0
-    return value.nbytes
-
-
 class ShardedKV:
     """Chunk id -> byte range, and id listings, for one sharded precomputed directory."""
 

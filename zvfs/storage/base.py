@@ -17,7 +17,7 @@ class Entry:
 
     name: str
     is_dir: bool
-    size: int
+    size: int | None  # None when the listing does not say (HTTP index pages)
 
 
 class Store(abc.ABC):
@@ -34,6 +34,10 @@ class Store(abc.ABC):
         Returns None when the key does not exist; a range past the end comes back short,
         and callers that know the length they expect must check it.
         """
+
+    @abc.abstractmethod
+    async def size(self, key: str) -> int | None:
+        """Length of `key` in bytes, or None if it does not exist."""
 
     @abc.abstractmethod
     async def list(self, prefix: str) -> list[Entry] | None:

@@ -66,6 +66,10 @@ class LocalStore(Store):
                 return None
             raise StorageError(f"{self._path(key)}: {e.strerror}") from e
 
+    async def size(self, key: str) -> int | None:
+        fd = self._fd(key)
+        return None if fd is None else os.fstat(fd).st_size
+
     async def list(self, prefix: str) -> list[Entry] | None:
         return await trio.to_thread.run_sync(self._list_sync, prefix)
 

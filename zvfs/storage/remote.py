@@ -34,24 +34,36 @@ class FsspecStore(Store):
         except OSError as e:
             raise StorageError(f"{self.display}/{key}: {e}") from e
 
+    async def size(self, key: str) -> int | None:
+        return await trio.to_thread.run_sync(self._size_sync, key, limiter=self._limiter)
+
+    def _size_sync(self, key: str) -> int | None:
+        try:
+            return int(self.fs.size(self._path(key)))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except (OSError, TypeError, ValueError) as e:
+            raise StorageError(f"{self.display}/{key}: {e}") from e
+
     async def list(self, prefix: str) -> list[Entry] | None:
         return await trio.to_thread.run_sync(self._list_sync, prefix, limiter=self._limiter)
 
     def _list_sync(self, prefix: str) -> list[Entry] | None:
         path = self._path(prefix)
         try:
-            if not self.fs.isdir(path):
-                return None
             infos = self.fs.ls(path, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
             raise StorageError(f"{self.display}/{prefix}: {e}") from e
+        if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
+            return None  # a key, not a prefix
         out = []
         for info in infos:
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]
             if not name or info["name"].rstrip("/") == path:
                 continue
             is_dir = info.get("type") == "directory"
-            out.append(Entry(name, is_dir, 0 if is_dir else int(info.get("size") or 0)))
+            size = info.get("size")
+            out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
         return out
