@@ -208,7 +208,7 @@ class ChunkSpace(InodeRange):
         coords = np.concatenate(found) if found else np.zeros((0, self.ndim), dtype=np.int64)
         if prefix:
             coords = coords[np.all(coords[:, : len(prefix)] == np.array(prefix), axis=1)]
-        return coords[np.lexsort(coords.T[::-1])] if len(coords) else coords
+        return coords[np.lexsort(coords.T[::-1])] if len(coords) and self.ndim else coords
 
     async def children(self, prefix: tuple[int, ...]) -> list[tuple[str, Node]]:
         d = len(prefix)
