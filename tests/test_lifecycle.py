@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ZVFS, force_unmount, is_mounted, run_zvfs, zvfs_mount
@@ -82,3 +83,29 @@ def test_umount_of_a_busy_mount_says_so_and_lazy_works(tmp_path):
         finally:
             holder.kill()
             holder.wait()
+
+
+def test_an_fstab_line_mounts_through_mount_8(tmp_path):
+    """`SOURCE DIR fuse.zvfs ro,nofail 0 0`, read by mount(8) from a test fstab (-T)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{SAMPLE} {mnt} fuse.zvfs ro,nofail,noatime,x-test=1 0 0\n")
+    try:
+        r = subprocess.run(["mount", "-T", str(fstab), str(mnt)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert os.path.ismount(mnt)
+        assert sorted(os.listdir(mnt / "raw" / "0" / "c" / "0")) == ["0", "1", "2", "3"]  # grid 4x4x4
+        r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    finally:
+        force_unmount(mnt)
+
+
+def test_systemd_unit_template_is_valid(tmp_path):
+    unit = (Path(__file__).resolve().parents[1] / "systemd" / "zvfs@.service").read_text()
+    assert "Type=notify" in unit and "--foreground" in unit and "Restart=on-failure" in unit
+    instance = tmp_path / "zvfs@brain.service"
+    instance.write_text(unit.replace("%i", "brain").replace("%I", "brain"))
+    r = subprocess.run(["systemd-analyze", "verify", str(instance)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
