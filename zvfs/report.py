@@ -6,7 +6,10 @@ number of chunk files a mount lists.
 
 from __future__ import annotations
 
-from .formats.zarr3 import META, ArrayNode, ShardedArray
+from dataclasses import asdict
+
+from .formats import precomputed, zvf
+from .formats.zarr3 import META, ArrayNode, ShardedArray, child_path
 from .source import OpenSource
 from .storage.base import Store
 
@@ -59,13 +62,53 @@ async def _describe_array(src: OpenSource, node: ArrayNode) -> dict:
 
 
 async def describe(src: OpenSource) -> dict:
+    out = {"source": src.store.display, "kind": src.kind, "view": src.view}
+    if src.kind == "precomputed":
+        out["precomputed"] = await _describe_precomputed(src)
+        return out
     arrays = [n for _, n in sorted(src.zarr_nodes.items()) if isinstance(n, ArrayNode)]
+    out["arrays"] = [await _describe_array(src, n) for n in arrays]
+    if src.kind == "zvf":
+        out["zvf"] = _describe_zvf(src, out["arrays"])
+    return out
+
+
+def _describe_zvf(src: OpenSource, arrays: list[dict]) -> dict:
+    attrs = src.zarr_nodes[""].meta.get("attributes", {}).get("zarr_vectors", {})
+    by_path = {a["path"]: a for a in arrays}
+    levels = []
+    for level in zvf.find_levels(src.zarr_nodes):
+        oattrs = src.zarr_nodes[child_path(level.path, zvf.OBJECT_INDEX)].meta.get("attributes", {})
+        vertices = by_path.get(child_path(level.path, zvf.VERTICES), {})
+        levels.append({
+            "path": level.path,
+            "objects": int(oattrs.get("num_present", oattrs.get("num_objects", level.num_rows))),
+            "cells_present": vertices.get("chunks_present"),
+            "sharded_arrays": [a["path"] for a in arrays if a["sharded"] and a["path"].startswith(level.path + "/")],
+        })
     return {
-        "source": src.store.display,
-        "kind": src.kind,
-        "view": src.view,
-        "arrays": [await _describe_array(src, n) for n in arrays],
+        "geometry_types": attrs.get("geometry_types", []),
+        "zv_version": attrs.get("zv_version"),
+        "levels": levels,
+        "sharded_arrays": [a["path"] for a in arrays if a["sharded"]],
     }
+
+
+async def _describe_precomputed(src: OpenSource) -> dict:
+    ds = src.dataset
+    dirs = []
+    for sd in ds.sharded.values():
+        kv = precomputed.ShardedKV(src.store, sd.path, sd.spec, src.cache)
+        per_shard = {}
+        for shard in await kv.shards():
+            per_shard[sd.spec.shard_name(shard)] = len(await kv.ids_in_shard(shard))
+        entry = {"path": sd.path, "kind": sd.kind, "sharding": asdict(sd.spec),
+                 "shards_present": len(per_shard), "chunks": sum(per_shard.values()), "chunks_per_shard": per_shard}
+        if sd.scale is not None:
+            entry.update(size=list(sd.scale.size), chunk_size=list(sd.scale.chunk_size), voxel_offset=list(sd.scale.voxel_offset))
+        dirs.append(entry)
+    scales = [{"key": s.get("key"), "sharded": s.get("sharding") is not None} for s in ds.info.get("scales", [])]
+    return {"type": ds.info.get("type", ds.info.get("@type")), "scales": scales, "sharded_dirs": dirs}
 
 
 def _shape(s) -> str:
@@ -82,7 +125,14 @@ def _codecs(codecs) -> str:
 
 
 def render(report: dict) -> str:
+    if "precomputed" in report:
+        return _render_precomputed(report)
     lines = [f"{report['source']}: {report['kind']}, {report['view']} view, {len(report['arrays'])} arrays"]
+    if "zvf" in report:
+        z = report["zvf"]
+        lines.append(f"ZVF {z['zv_version']}: {', '.join(z['geometry_types'])}; {len(z['levels'])} levels with objects")
+        for lv in z["levels"]:
+            lines.append(f"  level {lv['path']}: {lv['objects']} objects, {lv['cells_present']} cells, sharded: {', '.join(lv['sharded_arrays']) or '-'}")
     for a in report["arrays"]:
         lines.append(f"\n{a['path'] or '/'}")
         lines.append(f"  shape {_shape(a['shape'])}  dtype {a['dtype']}")
@@ -96,4 +146,21 @@ def render(report: dict) -> str:
         lines.append(f"  present: {', '.join(present)}, {a['bytes']} bytes")
         if a["warning"]:
             lines.append(f"  WARNING: {a['warning']}")
+    return "\n".join(lines)
+
+
+def _render_precomputed(report: dict) -> str:
+    p = report["precomputed"]
+    lines = [f"{report['source']}: precomputed {p['type']}, {report['view']} view"]
+    lines += [f"  scale {s['key']}: {'sharded' if s['sharded'] else 'unsharded'}" for s in p["scales"]]
+    for d in p["sharded_dirs"]:
+        sh = d["sharding"]
+        lines.append(f"\n{d['path']}/ ({d['kind']})")
+        if "size" in d:
+            lines.append(f"  size {_shape(d['size'])}  chunk {_shape(d['chunk_size'])}  voxel_offset {_shape(d['voxel_offset'])}")
+        lines.append(f"  sharding: hash {sh['hash']}, preshift {sh['preshift_bits']}, minishard bits {sh['minishard_bits']}, "
+                     f"shard bits {sh['shard_bits']}, index {sh['minishard_index_encoding']}, data {sh['data_encoding']}")
+        lines.append(f"  {d['shards_present']} shards, {d['chunks']} chunks" + (
+            f" ({', '.join(f'{k}: {v}' for k, v in list(d['chunks_per_shard'].items())[:8])}{', ...' if len(d['chunks_per_shard']) > 8 else ''})"
+            if d["chunks_per_shard"] else ""))
     return "\n".join(lines)
