@@ -33,6 +33,8 @@ OWN = {
     "index_cache": ("index_cache", "size", "bytes of decoded shard indexes to keep (default 64M)"),
     "decoded_cache": ("decoded_cache", "size", "bytes of decoded (gunzipped) chunks to keep (default 64M)"),
     "max_requests": ("max_requests", "int", "backend requests in flight at once (default 16)"),
+    "readahead": ("readahead", "size", "remote stores: bytes fetched per request once a shard is walked (default 1M, 0 = off)"),
+    "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default 64M)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
 }
@@ -47,6 +49,8 @@ class MountOptions:
     index_cache: int = 64 << 20
     decoded_cache: int = 64 << 20
     max_requests: int = 16
+    readahead: int = 1 << 20
+    block_cache: int = 64 << 20
     mount_timeout: float = 60.0
     fsname: str | None = None
     ignored: list[str] = field(default_factory=list)

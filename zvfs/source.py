@@ -40,7 +40,7 @@ def _nbytes(value) -> int:
 
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
     opts = opts or MountOptions()
-    store = open_store(source, max_requests=opts.max_requests)
+    store = open_store(source, max_requests=opts.max_requests, readahead=opts.readahead, block_cache=opts.block_cache)
     cache = CoalescingCache(opts.index_cache, _nbytes)
     try:
         if await store.read(zarr3.META) is not None:

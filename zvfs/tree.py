@@ -111,7 +111,7 @@ class RangeFile(File):
         size = max(0, min(size, ref.length - offset))
         if size == 0:
             return b""
-        data = await self.store.read(ref.key, ref.offset + offset, size)
+        data = await self.store.read(ref.key, ref.offset + offset, size, extent=ref.offset + ref.length)
         _check_length(ref, data, size)
         return data
 

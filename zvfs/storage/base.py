@@ -27,12 +27,13 @@ class Store(abc.ABC):
     display: str
 
     @abc.abstractmethod
-    async def read(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
+    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
         """Bytes `[start, start+length)` of `key` (to the end when `length` is None).
 
         A negative `start` asks for the last `-start` bytes (one suffix request on HTTP).
         Returns None when the key does not exist; a range past the end comes back short,
-        and callers that know the length they expect must check it.
+        and callers that know the length they expect must check it. `extent` is a hint: the
+        caller will soon want the bytes up to that offset too (remote stores fetch them now).
         """
 
     @abc.abstractmethod

@@ -48,7 +48,7 @@ class LocalStore(Store):
             os.close(old)
         return fd
 
-    async def read(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
+    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
         fd = self._fd(key)
         if fd is None:
             return None

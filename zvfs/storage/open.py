@@ -7,10 +7,14 @@ import os
 from ..errors import MetadataError
 from .base import Store
 from .local import LocalStore
+from .readahead import CoalescingStore
 from .remote import FsspecStore
 
 
-def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None) -> Store:
+def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
+               readahead: int = 1 << 20, block_cache: int = 64 << 20) -> Store:
+    """A local path gets the pread fast path; a URL goes through fsspec, with read coalescing
+    (`readahead` bytes per window, 0 to disable) over a `block_cache`-byte cache."""
     if "://" not in source or source.startswith("file://"):
         path = source[len("file://"):] if source.startswith("file://") else source
         if not os.path.exists(path):
@@ -24,4 +28,5 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
     except (ImportError, ValueError) as e:
         raise MetadataError(source, f"cannot open: {e}") from e
-    return FsspecStore(fs, root, display=source.split("?", 1)[0], max_requests=max_requests)
+    store = FsspecStore(fs, root, display=source.split("?", 1)[0], max_requests=max_requests)
+    return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store

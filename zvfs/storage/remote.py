@@ -22,7 +22,7 @@ class FsspecStore(Store):
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
-    async def read(self, key: str, start: int = 0, length: int | None = None) -> bytes | None:
+    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
         end = None if (length is None or start < 0) else start + length
         return await trio.to_thread.run_sync(self._read_sync, key, start, end, limiter=self._limiter)
 
