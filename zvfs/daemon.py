@@ -30,6 +30,7 @@ from .source import open_source
 log = logging.getLogger("zvfs")
 
 READY_FD_ENV = "ZVFS_READY_FD"
+FUSECTL = "/sys/fs/fuse/connections"
 
 
 def setup_logging(opts: MountOptions) -> None:
@@ -112,6 +113,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals)
+            nursery.start_soon(_tune_connection, mountpoint, opts.max_background)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
     finally:
@@ -119,6 +121,24 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
         pyfuse3.close(unmount=True)
         await opened.store.aclose()
         log.info("unmounted %s", mountpoint)
+
+
+async def _tune_connection(mountpoint: str, max_background: int) -> None:
+    """Let the kernel keep more requests in flight than its default 12, so that parallel
+    readers of a remote store get parallel backend requests (measured: 16 readers at 10 ms
+    latency, 6.6x -> 9.6x faster than one reader with 64). Needs root; skipped otherwise."""
+    try:
+        # stat() of the mount point is answered by this daemon: do it off the event loop
+        dev = (await trio.to_thread.run_sync(os.stat, mountpoint)).st_dev
+        if not os.path.ismount(FUSECTL) and os.geteuid() == 0:  # systemd usually mounts it
+            await trio.run_process(["mount", "-t", "fusectl", "fusectl", FUSECTL], check=False, capture_stderr=True)
+        conn = f"{FUSECTL}/{os.minor(dev)}"
+        for name, value in (("max_background", max_background), ("congestion_threshold", max_background * 3 // 4)):
+            with open(f"{conn}/{name}", "w") as f:
+                f.write(str(value))
+        log.debug("%s: max_background %d", conn, max_background)
+    except OSError as e:
+        log.debug("cannot tune the FUSE connection: %s", e)
 
 
 async def _on_signals() -> None:

@@ -67,9 +67,13 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
-    async def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+    async def _attrs(self, node: Node, listing: bool = False) -> pyfuse3.EntryAttributes:
+        """Attributes; in a listing, a file whose size needs I/O or decoding gets size 0 and
+        an attribute timeout of 0, so the kernel asks `getattr` (the exact size) before any
+        stat or read of it, and the listing itself decodes nothing."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
+        a.attr_timeout = TIMEOUT
         if node.is_dir:
             a.st_mode = stat.S_IFDIR | 0o555
             a.st_nlink = 2
@@ -78,14 +82,16 @@ class ZvfsOperations(pyfuse3.Operations):
             assert isinstance(node, File)
             a.st_mode = stat.S_IFREG | 0o444
             a.st_nlink = 1
-            a.st_size = await node.size()
+            size = node.known_size() if listing else await node.size()
+            if size is None:
+                size, a.attr_timeout = 0, 0
+            a.st_size = size
         a.st_uid = self.uid
         a.st_gid = self.gid
         a.st_blksize = 1 << 20
         a.st_blocks = (a.st_size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns
         a.entry_timeout = TIMEOUT
-        a.attr_timeout = TIMEOUT
         a.generation = 0
         return a
 
@@ -119,7 +125,7 @@ class ZvfsOperations(pyfuse3.Operations):
         entries = await node.entries()
         for i in range(start_id, len(entries)):
             name, child = entries[i]
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), await self._attrs(child), i + 1):
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), await self._attrs(child, listing=True), i + 1):
                 break
 
     async def releasedir(self, fh):

@@ -30,13 +30,19 @@ OWN = {
     "allow_other": ("allow_other", "flag", "let other users see the mount (adds default_permissions)"),
     "log": ("log_file", "str", "append the daemon's log to this file"),
     "debug": ("debug", "flag", "log at debug level"),
-    "index_cache": ("index_cache", "size", "bytes of decoded shard indexes to keep (default 64M)"),
-    "decoded_cache": ("decoded_cache", "size", "bytes of decoded (gunzipped) chunks to keep (default 64M)"),
+    "memory": ("memory", "size", "memory budget: sizes the three caches below (default 256M)"),
+    "index_cache": ("index_cache", "size", "bytes of decoded shard indexes to keep (default: a quarter of the caches' share of memory)"),
+    "decoded_cache": ("decoded_cache", "size", "bytes of decoded (gunzipped) chunks and objects to keep (default: a quarter)"),
     "max_requests": ("max_requests", "int", "backend requests in flight at once (default 16)"),
+    "max_background": ("max_background", "int", "kernel requests in flight at once on the FUSE connection (default 64)"),
     "readahead": ("readahead", "size", "remote stores: bytes fetched per request once a shard is walked (default 1M, 0 = off)"),
-    "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default 64M)"),
+    "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
+    "endpoint": ("endpoint", "str", "s3:// and gs://: the service URL (S3-compatible servers, emulators)"),
+    "region": ("region", "str", "s3://: the bucket's region"),
+    "profile": ("profile", "str", "s3://: the credentials profile to use (~/.aws)"),
+    "anon": ("anon", "flag", "s3:// and gs://: anonymous access (public buckets)"),
 }
 
 
@@ -46,14 +52,37 @@ class MountOptions:
     allow_other: bool = False
     log_file: str | None = None
     debug: bool = False
-    index_cache: int = 64 << 20
-    decoded_cache: int = 64 << 20
+    memory: int = 256 << 20
+    index_cache: int | None = None
+    decoded_cache: int | None = None
     max_requests: int = 16
+    max_background: int = 64
     readahead: int = 1 << 20
-    block_cache: int = 64 << 20
+    block_cache: int | None = None
     mount_timeout: float = 60.0
     fsname: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    anon: bool = False
     ignored: list[str] = field(default_factory=list)
+
+
+#: memory the interpreter, libraries and in-flight buffers need besides the caches (measured
+#: ~60-80 MiB RSS for a daemon with every backend loaded, before any cache fills)
+RESERVE = 96 << 20
+
+
+def resolve_caches(opts: MountOptions) -> MountOptions:
+    """Fill in the cache sizes not given explicitly from the memory budget."""
+    share = max(8 << 20, opts.memory - RESERVE)
+    if opts.index_cache is None:
+        opts.index_cache = share // 4
+    if opts.block_cache is None:
+        opts.block_cache = share // 2
+    if opts.decoded_cache is None:
+        opts.decoded_cache = share // 4
+    return opts
 
 
 def parse_size(text: str) -> int:
@@ -106,7 +135,33 @@ def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountO
                 choices = f" (one of: {', '.join(VIEWS)})" if kind == "view" else ""
                 raise OptionError(f"bad value for mount option '{name}': {value!r}{choices}") from None
             setattr(opts, attr, parsed)
-    return opts
+    return resolve_caches(opts)
+
+
+def storage_options(protocol: str, opts: MountOptions) -> dict:
+    """fsspec arguments for a backend; credentials come from the backend's usual environment
+    variables and files (AWS_ACCESS_KEY_ID, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, ...)."""
+    out: dict = {}
+    if protocol in ("s3", "s3a"):
+        client: dict = {}
+        if opts.endpoint:
+            out["endpoint_url"] = opts.endpoint
+        if opts.region:
+            client["region_name"] = opts.region
+        if opts.profile:
+            out["profile"] = opts.profile
+        if opts.anon:
+            out["anon"] = True
+        if client:
+            out["client_kwargs"] = client
+    elif protocol in ("gs", "gcs"):
+        if opts.endpoint:
+            out["endpoint_url"] = opts.endpoint
+        if opts.anon:
+            out["token"] = "anon"
+    elif opts.endpoint or opts.region or opts.profile or opts.anon:
+        raise OptionError(f"options endpoint/region/profile/anon do not apply to {protocol}:// sources")
+    return out
 
 
 def options_help() -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .errors import MetadataError
 from .formats import precomputed, zarr3, zvf
-from .options import MountOptions
+from .options import MountOptions, storage_options
 from .storage import Store, open_store
 from .storage.cache import CoalescingCache
 from .tree import Tree
@@ -40,7 +40,9 @@ def _nbytes(value) -> int:
 
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
     opts = opts or MountOptions()
-    store = open_store(source, max_requests=opts.max_requests, readahead=opts.readahead, block_cache=opts.block_cache)
+    protocol = source.split("://", 1)[0] if "://" in source else "file"
+    store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts),
+                       readahead=opts.readahead, block_cache=opts.block_cache)
     cache = CoalescingCache(opts.index_cache, _nbytes)
     try:
         if await store.read(zarr3.META) is not None:

@@ -40,6 +40,11 @@ class File(Node):
     async def size(self) -> int:
         raise NotImplementedError
 
+    def known_size(self) -> int | None:
+        """The size if it is known without I/O or decoding, else None (listings use this, so
+        listing a directory never decodes its files)."""
+        return None
+
     async def read(self, offset: int, size: int) -> bytes:
         raise NotImplementedError
 
@@ -67,6 +72,9 @@ class BytesFile(File):
         self.data = data
 
     async def size(self) -> int:
+        return len(self.data)
+
+    def known_size(self) -> int | None:
         return len(self.data)
 
     async def read(self, offset: int, size: int) -> bytes:
@@ -104,6 +112,9 @@ class RangeFile(File):
             return len(await self._decode())
         return self.ref.length
 
+    def known_size(self) -> int | None:
+        return self.ref.length if self.ref.decode is None else None
+
     async def read(self, offset: int, size: int) -> bytes:
         ref = self.ref
         if ref.decode is not None:
@@ -137,6 +148,9 @@ class PassFile(File):
     async def size(self) -> int:
         if self._size is None:  # the listing did not say (HTTP): ask once
             self._size = await self.store.size(self.key) or 0
+        return self._size
+
+    def known_size(self) -> int | None:
         return self._size
 
     async def read(self, offset: int, size: int) -> bytes:

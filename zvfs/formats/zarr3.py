@@ -227,6 +227,7 @@ class ArrayNode:
 class GroupNode:
     path: str
     meta: dict
+    raw: bytes = b""  # the stored zarr.json, served as is when nothing needs rewriting
     children: list[str] = field(default_factory=list)  # names of child nodes (arrays/groups)
 
 
@@ -261,7 +262,7 @@ def parse_node(path: str, raw: bytes, where: str) -> ArrayNode | GroupNode:
     if kind == "array":
         return parse_array(path, meta, where)
     if kind == "group":
-        return GroupNode(path, meta)
+        return GroupNode(path, meta, raw)
     raise MetadataError(where, f"node_type must be 'array' or 'group', got {kind!r}")
 
 

@@ -31,8 +31,8 @@ class FsspecStore(Store):
             return self.fs.cat_file(self._path(key), start=start, end=end)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
-        except OSError as e:
-            raise StorageError(f"{self.display}/{key}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - every backend has its own exception types
+            raise _storage_error(self.display, key, e) from e
 
     async def size(self, key: str) -> int | None:
         return await trio.to_thread.run_sync(self._size_sync, key, limiter=self._limiter)
@@ -42,8 +42,8 @@ class FsspecStore(Store):
             return int(self.fs.size(self._path(key)))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
-        except (OSError, TypeError, ValueError) as e:
-            raise StorageError(f"{self.display}/{key}: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise _storage_error(self.display, key, e) from e
 
     async def list(self, prefix: str) -> list[Entry] | None:
         return await trio.to_thread.run_sync(self._list_sync, prefix, limiter=self._limiter)
@@ -54,8 +54,8 @@ class FsspecStore(Store):
             infos = self.fs.ls(path, detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        except OSError as e:
-            raise StorageError(f"{self.display}/{prefix}: {e}") from e
+        except Exception as e:  # noqa: BLE001
+            raise _storage_error(self.display, prefix, e) from e
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
             return None  # a key, not a prefix
         out = []
@@ -67,3 +67,11 @@ class FsspecStore(Store):
             size = info.get("size")
             out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
         return out
+
+
+def _storage_error(display: str, key: str, e: Exception) -> StorageError:
+    """One line naming the key and what the backend said (HTTP status, connection error...)."""
+    status = getattr(e, "status", None) or getattr(e, "code", None)
+    what = f"HTTP {status}" if isinstance(status, int) else type(e).__name__
+    detail = str(e).splitlines()[0] if str(e) else ""
+    return StorageError(f"{display}/{key}: {what}{': ' + detail if detail and str(status) not in detail[:4] else ''}"[:300])

@@ -62,6 +62,14 @@ class DatasetDir(ListedDir):
         super().__init__(ino)
         self.view = view
 
+    async def lookup(self, name: str) -> Node | None:
+        """`info` and the sharded directories are known from the metadata: no listing needed."""
+        if name == INFO:
+            return info_file(self.view.tree, INFO, self.view.dataset.info)
+        if name in self.view.dataset.sharded:
+            return self.view.sharded_dir(self.view.dataset.sharded[name])
+        return await super().lookup(name)
+
     async def list_children(self) -> Iterable[tuple[str, Node]]:
         view = self.view
         out = []
@@ -183,7 +191,9 @@ class IdDir(ShardedDirNode):
             return self.view.tree.intern(key, lambda ino: self.view.chunk_file(ino, ref))
         manifest = await self.view.chunk_file(0, ref).read(0, 1 << 62)
         frag = manifest_fragment_bytes(manifest, ref.key)
-        if frag > ref.offset - self.kv.spec.shard_index_nbytes:
+        # data starts after the shard index in a `.shard`, at 0 in an obsolete `.data`
+        floor = 0 if ref.key.endswith(".data") else self.kv.spec.shard_index_nbytes
+        if frag > ref.offset - floor:
             raise CorruptShardError(ref.key, f"mesh fragments of segment {seg} would start before the shard data")
         data = ChunkRef(ref.key, ref.offset - frag, frag)
         return self.view.tree.intern(key, lambda ino: self.view.chunk_file(ino, data))

@@ -102,17 +102,28 @@ class GroupDir(ListedDir):
         self.view = view
         self.group = group
 
+    def _meta_file(self) -> Node:
+        view, group = self.view, self.group
+        meta = unsharded_group_metadata(group.meta, f"{view.store.display}/{child_path(group.path, META)}")
+        if meta is group.meta:  # nothing to rewrite: the stored bytes, unchanged
+            return view.tree.intern(("meta", group.path), lambda ino: BytesFile(ino, group.raw))
+        return view.metadata_file(group.path, meta)
+
+    async def lookup(self, name: str) -> Node | None:
+        """Metadata and child nodes are known from the hierarchy: no listing needed."""
+        if name == META:
+            return self._meta_file()
+        if name in self.group.children:
+            return self.view.node_for(child_path(self.group.path, name))
+        return await super().lookup(name)
+
     async def list_children(self) -> Iterable[tuple[str, Node]]:
         view, path = self.view, self.group.path
         out = []
         for e in await view.store.list(path) or []:
             sub = child_path(path, e.name)
             if e.name == META and not e.is_dir:
-                meta = unsharded_group_metadata(self.group.meta, f"{view.store.display}/{sub}")
-                if meta is self.group.meta:  # nothing to rewrite: the stored bytes, unchanged
-                    out.append((e.name, pass_node(view.tree, view.store, sub, False, e.size)))
-                else:
-                    out.append((e.name, view.metadata_file(path, meta)))
+                out.append((e.name, self._meta_file()))
             elif e.name in self.group.children:
                 out.append((e.name, view.node_for(sub)))
             else:

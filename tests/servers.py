@@ -1,0 +1,215 @@
+"""Real servers on loopback for remote-store tests and benchmarks: nginx (Debian's, with Range
+support and an access log that records every request), an S3-protocol server (moto in server
+mode), and a TCP proxy that adds latency to every request (this kernel has no sch_netem, so
+`tc qdisc ... netem` is not available: the proxy stands in for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    range: str
+    status: int
+    nbytes: int
+
+
+class Nginx:
+    """nginx serving `root` with directory listings; `requests()` reads its access log."""
+
+    def __init__(self, root: Path, workdir: Path):
+        self.root = Path(root)
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        self.log = self.workdir / "access.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Nginx":
+        w = self.workdir
+        w.mkdir(parents=True, exist_ok=True)
+        temps = " ".join(f"{d}_temp_path {w}/{d};" for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        (w / "nginx.conf").write_text(f"""
+daemon off;
+user root;
+worker_processes 1;
+pid {w}/nginx.pid;
+error_log {w}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  log_format zv '$request_method $uri $http_range $status $body_bytes_sent';
+  {temps}
+  server {{
+    listen 127.0.0.1:{self.port};
+    access_log {self.log} zv;
+    root {self.root};
+    autoindex on;
+    keepalive_requests 100000;
+  }}
+}}
+""")
+        self.proc = subprocess.Popen([NGINX, "-c", str(w / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def mark(self) -> int:
+        """Position in the access log; `requests(since=mark)` returns what came after it."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def requests(self, since: int = 0) -> list[Request]:
+        time.sleep(0.05)  # nginx writes the log line right after the response
+        if not self.log.exists():
+            return []
+        with open(self.log, "rb") as f:
+            f.seek(since)
+            lines = f.read().decode().splitlines()
+        out = []
+        for line in lines:
+            method, path, rng, status, nbytes = line.split(" ")
+            out.append(Request(method, path, "" if rng == "-" else rng, int(status), int(nbytes)))
+        return out
+
+
+class S3:
+    """moto's S3 server on loopback, with boto3 credentials for it in the environment."""
+
+    ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def __init__(self):
+        self.port = free_port()
+        self.server = None
+        self._saved: dict[str, str | None] = {}
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "S3":
+        from moto.server import ThreadedMotoServer
+
+        for k, v in self.ENV.items():
+            self._saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        _wait_port(self.port)
+        return self
+
+    def upload(self, directory: Path, bucket: str, prefix: str) -> str:
+        """Copy a directory tree into the bucket; returns its s3:// URL."""
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for path in sorted(Path(directory).rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(directory).as_posix()}")
+        return f"s3://{bucket}/{prefix}"
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class DelayProxy:
+    """Forwards 127.0.0.1:port to a target, holding each client->server send for `delay`
+    seconds: every HTTP request pays that much latency, however many run in parallel."""
+
+    def __init__(self, target_port: int, delay: float):
+        self.target_port = target_port
+        self.delay = delay
+        self.port = free_port()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _pipe(self, reader, writer, delay: float) -> None:
+        try:
+            while data := await reader.read(65536):
+                if delay:
+                    await asyncio.sleep(delay)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, creader, cwriter) -> None:
+        try:
+            sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            cwriter.close()
+            return
+        await asyncio.gather(self._pipe(creader, swriter, self.delay), self._pipe(sreader, cwriter, 0))
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+
+    def start(self) -> "DelayProxy":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread:
+            self._thread.join(5)
