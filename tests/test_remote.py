@@ -254,3 +254,38 @@ def test_rss_stays_under_the_memory_budget_while_reading_ten_times_that(srv, ngi
     peak = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) * 1024
     assert read >= 10 * budget, read
     assert peak < budget, f"peak RSS {peak >> 20} MiB over a {budget >> 20} MiB budget ({read >> 20} MiB read in {time.monotonic() - t:.1f} s)"
+
+
+# --------------------------------------------------------------------------- precomputed
+
+
+@pytest.fixture(scope="module")
+def precomputed_sets(tmp_path_factory, no_mounts_left_behind):
+    """Precomputed datasets from the precomputed tests' writers (tensorstore, cloud-volume,
+    and the spec-built annotations), with their local mounts."""
+    import contextlib
+
+    import writers_precomputed as wp
+    from test_precomputed_mount import TS, Precomputed
+
+    with wp.cloudvolume_env(tmp_path_factory.mktemp("cv-env-remote")), contextlib.ExitStack() as stack:
+        pc = Precomputed(tmp_path_factory.mktemp("precomputed-remote"), stack)
+        sets = {name: pc.ts(name) for name in sorted(TS)}
+        sets["cv"] = pc.cv().root
+        sets["annotations"] = pc.annotations()[0]
+        yield {name: (root, pc.mount(name, root)) for name, root in sets.items()}
+
+
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_remote_precomputed_mounts_show_the_local_trees(precomputed_sets, nginx, s3, srv, kind, tmp_path_factory):
+    for name, (root, local_mnt) in precomputed_sets.items():
+        if kind == "http":
+            url, options = f"{nginx.url}/{serve(srv, 'pc-' + name, root)}", ()
+        else:
+            url, options = s3.upload(root, "precomputed", name), (f"endpoint={s3.endpoint}",)
+        base = tmp_path_factory.mktemp(f"mnt-{kind}-{name}")
+        with zvfs_mount(url, base / "mnt", log=base / "zvfs.log", options=options) as mnt:
+            local, remote = tree(local_mnt), tree(mnt)
+        assert sorted(remote) == sorted(local), name
+        differ = [p for p in local if remote[p] != local[p]]
+        assert not differ, f"{name}: {len(differ)} files differ, e.g. {differ[:5]}"

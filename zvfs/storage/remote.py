@@ -6,6 +6,8 @@ slow backend never stalls the FUSE loop and the number of requests in flight sta
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import trio
 
 from ..errors import StorageError
@@ -59,14 +61,21 @@ class FsspecStore(Store):
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
             return None  # a key, not a prefix
         out = []
+        http = any(p in ("http", "https") for p in _protocols(self.fs))
         for info in infos:
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if http:  # index pages link to URL-quoted names ("1:0" -> "1%3A0")
+                name = unquote(name)
             if not name or info["name"].rstrip("/") == path:
                 continue
             is_dir = info.get("type") == "directory"
             size = info.get("size")
             out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
         return out
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def _storage_error(display: str, key: str, e: Exception) -> StorageError:
