@@ -60,6 +60,8 @@ class ZvfsOperations(pyfuse3.Operations):
         self.uid = os.getuid()
         self.gid = os.getgid()
         self.stamp_ns = time.time_ns()
+        self._open: dict[int, File] = {}  # file handle -> node: reads need no lookup
+        self._next_fh = 1
 
     async def _node(self, ino: int) -> Node:
         node = await self.tree.node(ino)
@@ -103,6 +105,7 @@ class ZvfsOperations(pyfuse3.Operations):
         node = await parent.lookup(os.fsdecode(name))  # type: ignore[union-attr]
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        self.tree.remember(node)
         return await self._attrs(node)
 
     @guarded
@@ -127,6 +130,7 @@ class ZvfsOperations(pyfuse3.Operations):
             name, child = entries[i]
             if not pyfuse3.readdir_reply(token, os.fsencode(name), await self._attrs(child, listing=True), i + 1):
                 break
+            self.tree.remember(child)
 
     async def releasedir(self, fh):
         pass
@@ -138,16 +142,19 @@ class ZvfsOperations(pyfuse3.Operations):
         node = await self._node(inode)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self._open[fh] = node  # type: ignore[assignment]
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @guarded
     async def read(self, fh, off, size):
-        node = await self._node(fh)
-        assert isinstance(node, File)
+        node = self._open.get(fh)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
         return await node.read(off, size)
 
     async def release(self, fh):
-        pass
+        self._open.pop(fh, None)
 
     async def statfs(self, ctx):
         s = pyfuse3.StatvfsData()

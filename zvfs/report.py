@@ -52,11 +52,9 @@ async def _describe_array(src: OpenSource, node: ArrayNode) -> dict:
         if await array.index(array.shard_key(shard), 0, None, 0) is None:
             continue
         shards += 1
-        for coords in await array.chunks_in_shard(shard):
-            ref = await array.locate(tuple(int(c) for c in coords))
-            if ref is not None:
-                chunks += 1
-                nbytes += ref.length
+        found = await array.chunks_in_shard(shard)
+        chunks += len(found.coords)
+        nbytes += int(found.lengths.sum())
     info.update(shards_present=shards, chunks_present=chunks, bytes=nbytes)
     return info
 

@@ -30,20 +30,12 @@ class OpenSource:
     dataset: precomputed.Dataset | None = None
 
 
-def _nbytes(value) -> int:
-    """Size of a cached index (zarr3 ShardIndex, precomputed shard/minishard index)."""
-    if value is None:
-        return 0
-    entries = getattr(value, "entries", None)
-    return entries.nbytes if entries is not None else value.nbytes
-
-
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
     opts = opts or MountOptions()
     protocol = source.split("://", 1)[0] if "://" in source else "file"
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts),
                        readahead=opts.readahead, block_cache=opts.block_cache)
-    cache = CoalescingCache(opts.index_cache, _nbytes)
+    cache = CoalescingCache(opts.index_cache)
     try:
         if await store.read(zarr3.META) is not None:
             view = _view(source, opts, "zarr", ("zarr",))

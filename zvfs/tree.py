@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import OrderedDict
 from typing import Callable, Hashable, Iterable
 
 from .errors import CorruptShardError
@@ -24,6 +25,7 @@ from .storage.base import Store
 from .storage.cache import CoalescingCache
 
 ROOT_INO = 1
+RECENT = 4096  # computed nodes kept after a lookup or listing
 
 
 class Node:
@@ -227,6 +229,9 @@ class Tree:
         self._next = ROOT_INO
         self._range_starts: list[int] = []
         self._ranges: list[InodeRange] = []
+        #: computed nodes the kernel just looked up or listed: it asks for them by number right
+        #: after (getattr, open), so they are kept here instead of being rebuilt
+        self._recent: OrderedDict[int, Node] = OrderedDict()
         self.root: Dir | None = None
 
     def intern(self, key: Hashable, make: Callable[[int], Node]) -> Node:
@@ -252,8 +257,16 @@ class Tree:
         self._ranges.append(block)
         return start
 
+    def remember(self, node: Node) -> None:
+        if node.ino in self._nodes:
+            return
+        self._recent[node.ino] = node
+        self._recent.move_to_end(node.ino)
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+
     async def node(self, ino: int) -> Node | None:
-        node = self._nodes.get(ino)
+        node = self._nodes.get(ino) or self._recent.get(ino)
         if node is not None:
             return node
         i = bisect.bisect_right(self._range_starts, ino) - 1

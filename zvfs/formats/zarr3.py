@@ -312,6 +312,10 @@ class ShardIndex:
 
     entries: np.ndarray
 
+    @property
+    def nbytes(self) -> int:
+        return self.entries.nbytes
+
     def present(self) -> np.ndarray:
         off = self.entries[:, 0]
         return np.flatnonzero((off != EMPTY) & (off != _BAD))
@@ -341,6 +345,36 @@ def decode_index(raw: bytes, level: Level, key: str, container: int | None) -> S
         entries[bad, 0] = _BAD
     entries[empty, 0] = EMPTY
     return ShardIndex(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTable:
+    """Chunks and where their bytes are: grid coordinates (m, ndim, array order, C-sorted),
+    byte offsets and lengths, in one store key (a shard) or one key per row (unsharded)."""
+
+    coords: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    key: str | None = None
+    keys: list[str] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.coords.nbytes + self.offsets.nbytes + self.lengths.nbytes + 64 * len(self.keys or ())
+
+    def ref(self, i: int) -> ChunkRef:
+        return ChunkRef(self.key if self.keys is None else self.keys[i], int(self.offsets[i]), int(self.lengths[i]))
+
+
+def _empty_table(ndim: int, key: str | None = None) -> ChunkTable:
+    return ChunkTable(np.zeros((0, ndim), np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint64), key)
+
+
+def _c_sorted(coords: np.ndarray, *columns: np.ndarray) -> tuple:
+    if coords.shape[1] == 0 or not len(coords):
+        return (coords, *columns)
+    order = np.lexsort(coords.T[::-1])
+    return (coords[order], *(c[order] for c in columns))
 
 
 class ShardedArray:
@@ -421,20 +455,37 @@ class ShardedArray:
             base = [b + l * i for b, l, i in zip(base, local, level.inner_shape)]
         return ChunkRef(key, start, length)
 
-    async def chunks_in_shard(self, shard: tuple[int, ...]) -> np.ndarray:
-        """Grid coordinates (m, ndim) of the non-empty innermost chunks of one shard, inside the
-        array bounds. A corrupt shard contributes nothing (it was logged when decoded)."""
+    async def chunks_in_shard(self, shard: tuple[int, ...]) -> ChunkTable:
+        """The non-empty innermost chunks of one shard inside the array bounds, with their
+        byte ranges, in C order of their grid coordinates. Worked out once per shard (cached
+        beside the indexes), so listing many directories of one shard costs one walk. A corrupt
+        shard contributes nothing (it was logged when decoded)."""
         key = self.shard_key(shard)
+        return await self.cache.get(("chunks", key), lambda: self._chunks(key, shard))
+
+    async def _chunks(self, key: str, shard: tuple[int, ...]) -> ChunkTable:
         base = np.array(shard, dtype=np.int64) * self.shard_shape
         try:
             found = await self._walk(key, 0, None, base, 0)
         except CorruptShardError:
-            return np.zeros((0, self.ndim), dtype=np.int64)
-        coords = np.concatenate(found) if found else np.zeros((0, self.ndim), dtype=np.int64)
-        inside = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
-        return coords[inside]
+            found = []
+        if not found:
+            return _empty_table(self.ndim, key)
+        coords = np.concatenate([f[0] for f in found])
+        offsets = np.concatenate([f[1] for f in found])
+        lengths = np.concatenate([f[2] for f in found])
+        keep = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
+        return ChunkTable(*_c_sorted(coords[keep], offsets[keep], lengths[keep]), key=key)
 
-    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int) -> list[np.ndarray]:
+    async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]:
+        """Chunk tables of the shards that can hold chunks with `fixed` grid coordinates
+        (axis -> coordinate)."""
+        ranges = [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)
+                  for a, (p, g) in enumerate(zip(self.per_shard, self.shard_grid))]
+        return [await self.chunks_in_shard(shard) for shard in itertools.product(*ranges)]
+
+    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int) -> list[tuple]:
+        """(grid coords, absolute offsets, lengths) of the innermost chunks below one index."""
         level = self.plan.levels[depth]
         idx = await self.index(key, start, length, depth)
         if idx is None:
@@ -447,11 +498,11 @@ class ShardedArray:
         local = np.empty_like(local_level)
         local[:, list(level.perm)] = local_level
         elem = base + local * np.array(level.inner_shape, dtype=np.int64)
+        entries = idx.entries[present]
         if depth == len(self.plan.levels) - 1:
-            return [elem // self.chunk_shape]
-        out: list[np.ndarray] = []
-        for row, lin in zip(elem, present):
-            off, nb = (int(v) for v in idx.entries[lin])
+            return [(elem // self.chunk_shape, entries[:, 0] + np.uint64(start), entries[:, 1])]
+        out: list[tuple] = []
+        for row, (off, nb) in zip(elem, entries.tolist()):
             try:
                 out += await self._walk(key, start + off, nb, row, depth + 1)
             except CorruptShardError:
@@ -463,3 +514,59 @@ class ShardedArray:
         ranges = [range(p // s, p // s + 1) for p, s in zip(prefix, self.per_shard)]
         ranges += [range(g) for g in self.shard_grid[len(prefix):]]
         return itertools.product(*ranges)
+
+
+class PlainArray:
+    """An unsharded array seen through the same interface as ShardedArray (grid, locate,
+    tables), for views that rename its chunks (N5, Zarr v2). Its chunk keys are listed once."""
+
+    def __init__(self, node: ArrayNode, store: Store):
+        self.node = node
+        self.store = store
+        self.ndim = len(node.shape)
+        self.chunk_shape = node.chunk_shape
+        self.grid = tuple(-(-s // c) for s, c in zip(node.shape, node.chunk_shape))
+        self._table: ChunkTable | None = None
+
+    def in_grid(self, coords: tuple[int, ...]) -> bool:
+        return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.grid))
+
+    async def locate(self, coords: tuple[int, ...]) -> ChunkRef | None:
+        if not self.in_grid(coords):
+            return None
+        key = self.node.store_key(self.node.encoding.key(coords))
+        size = await self.store.size(key)
+        return None if size is None else ChunkRef(key, 0, size)
+
+    async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]:
+        if self._table is None:
+            self._table = await self._list()
+        return [self._table]
+
+    async def _list(self) -> ChunkTable:
+        enc, found = self.node.encoding, []
+        todo = [""]
+        while todo:
+            rel = todo.pop()
+            for e in await self.store.list(self.node.store_key(rel).rstrip("/")) or []:
+                name = f"{rel}/{e.name}" if rel else e.name
+                if e.is_dir:
+                    todo.append(name)
+                    continue
+                parts = name.split(enc.separator)
+                if enc.name == "default":
+                    if parts[0] != "c":
+                        continue
+                    parts = parts[1:]
+                elif self.ndim == 0:
+                    parts = [] if parts == ["0"] else ["x"]
+                if len(parts) == self.ndim and all(p.isdigit() for p in parts):
+                    coords = tuple(int(p) for p in parts)
+                    if self.in_grid(coords) and enc.key(coords) == name:
+                        found.append((coords, self.node.store_key(name), e.size))
+        if not found:
+            return _empty_table(self.ndim)
+        found.sort()
+        sizes = [s if s is not None else await self.store.size(k) or 0 for _, k, s in found]
+        coords = np.array([c for c, _, _ in found], dtype=np.int64).reshape(len(found), self.ndim)
+        return ChunkTable(coords, np.zeros(len(found), np.uint64), np.array(sizes, np.uint64), keys=[k for _, k, _ in found])

@@ -28,8 +28,13 @@ class _Flight:
         self.error: BaseException | None = None
 
 
+def nbytes_of(value: Any) -> int:
+    """Size of a cached value that knows its `nbytes` (indexes, chunk tables); None is free."""
+    return 0 if value is None else value.nbytes
+
+
 class CoalescingCache:
-    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int]):
+    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of):
         self.max_bytes = max_bytes
         self._sizeof = sizeof
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()

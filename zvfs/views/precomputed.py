@@ -23,7 +23,7 @@ from ..formats.precomputed import INFO, Dataset, ShardedDir, ShardedKV, manifest
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, InodeRange, ListedDir, Node, RangeFile, Tree, pass_node
-from .zarr3 import parse_coord
+from .chunks import parse_coord
 
 
 def info_file(tree: Tree, path: str, info: dict) -> Node:

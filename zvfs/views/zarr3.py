@@ -9,18 +9,15 @@ The chunk files' bytes are the inner chunks' bytes, unchanged.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import json
 import logging
 from typing import Callable, Iterable
 
-import numpy as np
-
 from ..formats.zarr3 import META, ArrayNode, GroupNode, ShardedArray, child_path, parse_array
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, InodeRange, ListedDir, Node, PassDir, RangeFile, Tree, grid_block_sizes, pass_node
+from ..tree import BytesFile, Dir, ListedDir, Node, PassDir, RangeFile, Tree, pass_node
+from .chunks import ChunkSpace, Layout
 
 log = logging.getLogger("zvfs.view.zarr3")
 
@@ -55,13 +52,6 @@ def unsharded_group_metadata(meta: dict, where: str) -> dict:
                 m = unsharded_metadata(node)
         entries[path] = m
     return {**meta, "consolidated_metadata": {**cm, "metadata": entries}}
-
-
-def parse_coord(name: str) -> int | None:
-    """A canonical non-negative decimal ("0", "17"; not "017", "+1", "1 ")."""
-    if not name.isascii() or not name.isdigit() or (len(name) > 1 and name[0] == "0"):
-        return None
-    return int(name)
 
 
 class Zarr3View:
@@ -141,7 +131,8 @@ class ShardedArrayDir(Dir):
         super().__init__(ino)
         self.view = view
         self.array = array
-        self.chunks = ChunkSpace(view, array)
+        layout = Layout.zarr(array.node.encoding, array.ndim)
+        self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref))
 
     def _meta(self) -> BytesFile:
         return self.view.metadata_file(self.array.node.path, unsharded_metadata(self.array.node))
@@ -153,120 +144,3 @@ class ShardedArrayDir(Dir):
 
     async def entries(self) -> list[tuple[str, Node]]:
         return sorted([(META, self._meta()), *await self.chunks.top_entries()], key=lambda e: e[0])
-
-
-class ChunkSpace(InodeRange):
-    """Names, inode numbers and nodes of one array's chunk files and chunk directories.
-
-    With a `/` separator the keys are nested directories (`c/0/4/1/7`, or `0/4/1/7` for the v2
-    encoding); with `.` they are flat names in the array directory (`c.0.4.1.7`, `0.4.1.7`).
-    A directory at depth d is identified by its d leading grid coordinates, a file by all of
-    them; numbers are assigned per depth in C order over the grid prefix.
-    """
-
-    def __init__(self, view: Zarr3View, array: ShardedArray):
-        self.view = view
-        self.array = array
-        self.ndim = array.ndim
-        self.grid = array.grid
-        enc = array.node.encoding
-        self.nested = enc.separator == "/" and self.ndim > 0
-        self.c_dir = self.nested and enc.name == "default"
-        sizes = grid_block_sizes(self.grid)
-        self.depth_start = list(itertools.accumulate([0, *sizes[:-1]]))
-        self.count = sum(sizes)
-        self.start = view.tree.reserve(self)
-
-    # -- numbering
-
-    def ino_of(self, prefix: tuple[int, ...]) -> int:
-        d = len(prefix)
-        lin = int(np.ravel_multi_index(prefix, self.grid[:d])) if d else 0
-        return self.start + self.depth_start[d] + lin
-
-    async def node_at(self, offset: int) -> Node | None:
-        d = bisect.bisect_right(self.depth_start, offset) - 1
-        lin = offset - self.depth_start[d]
-        prefix = tuple(int(i) for i in np.unravel_index(lin, self.grid[:d])) if d else ()
-        if d == self.ndim:
-            return await self.file(prefix)
-        if self.nested and (d > 0 or self.c_dir):
-            return ChunkDir(self.ino_of(prefix), self, prefix)
-        return None
-
-    # -- nodes
-
-    async def file(self, coords: tuple[int, ...]) -> Node | None:
-        ref = await self.array.locate(coords)
-        return None if ref is None else RangeFile(self.ino_of(coords), self.array.store, ref)
-
-    async def child(self, prefix: tuple[int, ...], name: str) -> Node | None:
-        """Lookup inside a nested chunk directory. Intermediate directories are answered from
-        the grid alone (no index read), so opening a chunk by name costs one index lookup."""
-        i = parse_coord(name)
-        d = len(prefix)
-        if i is None or i >= self.grid[d]:
-            return None
-        coords = (*prefix, i)
-        if d + 1 == self.ndim:
-            return await self.file(coords)
-        return ChunkDir(self.ino_of(coords), self, coords)
-
-    async def present(self, prefix: tuple[int, ...]) -> np.ndarray:
-        """Grid coordinates of every non-empty chunk whose leading coordinates are `prefix`,
-        sorted in C order, taken from the shard indexes."""
-        found = [await self.array.chunks_in_shard(s) for s in self.array.shards_touching(prefix)]
-        coords = np.concatenate(found) if found else np.zeros((0, self.ndim), dtype=np.int64)
-        if prefix:
-            coords = coords[np.all(coords[:, : len(prefix)] == np.array(prefix), axis=1)]
-        return coords[np.lexsort(coords.T[::-1])] if len(coords) and self.ndim else coords
-
-    async def children(self, prefix: tuple[int, ...]) -> list[tuple[str, Node]]:
-        d = len(prefix)
-        coords = await self.present(prefix)
-        if d + 1 == self.ndim:
-            return [(str(c[-1]), n) for c in coords for n in [await self.file(tuple(int(v) for v in c))] if n]
-        return [(str(i), ChunkDir(self.ino_of((*prefix, int(i))), self, (*prefix, int(i)))) for i in np.unique(coords[:, d])]
-
-    # -- the array directory's own level
-
-    async def top_lookup(self, name: str) -> Node | None:
-        if self.c_dir:
-            return ChunkDir(self.ino_of(()), self, ()) if name == "c" else None
-        if self.nested:
-            return await self.child((), name)
-        parts = name.split(".")
-        if self.array.node.encoding.name == "default":
-            if parts[0] != "c":
-                return None
-            parts = parts[1:]
-        elif self.ndim == 0:
-            parts = [] if parts == ["0"] else ["not a chunk"]
-        coords = tuple(parse_coord(p) for p in parts)
-        if len(coords) != self.ndim or None in coords or not self.array.in_grid(coords):  # type: ignore[arg-type]
-            return None
-        return await self.file(coords)  # type: ignore[arg-type]
-
-    async def top_entries(self) -> list[tuple[str, Node]]:
-        if self.c_dir:
-            return [("c", ChunkDir(self.ino_of(()), self, ()))] if all(self.grid) else []
-        if self.nested:
-            return await self.children(())
-        key = self.array.node.encoding.key
-        coords = await self.present(())
-        return [(key(c), n) for c in map(lambda r: tuple(int(v) for v in r), coords) for n in [await self.file(c)] if n]
-
-
-class ChunkDir(Dir):
-    __slots__ = ("space", "prefix")
-
-    def __init__(self, ino: int, space: ChunkSpace, prefix: tuple[int, ...]):
-        super().__init__(ino)
-        self.space = space
-        self.prefix = prefix
-
-    async def lookup(self, name: str) -> Node | None:
-        return await self.space.child(self.prefix, name)
-
-    async def entries(self) -> list[tuple[str, Node]]:
-        return sorted(await self.space.children(self.prefix), key=lambda e: e[0])

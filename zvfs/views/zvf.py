@@ -14,7 +14,8 @@ from ..formats.zarr3 import ArrayNode, child_path
 from ..formats.zvf import ObjectReader, ZvfLevel, find_levels, npy_header
 from ..storage.cache import CoalescingCache
 from ..tree import File, ListedDir, Node
-from .zarr3 import Zarr3View, parse_coord
+from .chunks import parse_coord
+from .zarr3 import Zarr3View
 
 OBJECTS = "objects"
 

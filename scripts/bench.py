@@ -1,0 +1,339 @@
+"""zvfs benchmarks: every figure is a median of N runs measured in the same run as its
+baselines, with configurations alternated, and reported as a ratio (the machine is noisy).
+
+- local: reading every chunk file of a mounted array (4 KiB, 64 KiB, 1 MiB chunks; 1 and 4
+  readers) with `find | xargs cat`, against the same files in a real directory, a minimal
+  pyfuse3 filesystem serving the same bytes (scripts/floorfs.py, the binding's floor),
+  tensorstore reading the sharded store directly, and `cat` of the shard files.
+- listing: `find` and `ls -lR` over 10^4, 10^5, 10^6 chunk files; mount time at 10^6 chunks.
+- http: the same reads over HTTP (nginx on loopback) with request and byte counts.
+- latency: 10 ms added per request by a proxy: 16 readers against one.
+- RSS peak of the daemon for each mounted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from servers import DelayProxy, Nginx  # noqa: E402
+
+PY = sys.executable
+ZVFS = [PY, "-m", "zvfs"]
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def write_sharded(path: Path, shape, chunks, shards, dtype="uint8", seed=0) -> None:
+    """Random (incompressible) data, no compressor, written by tensorstore (fast for many chunks)."""
+    import tensorstore as ts
+
+    if path.exists():
+        return
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)},
+            "metadata": {"shape": list(shape), "data_type": dtype, "fill_value": 0,
+                         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(shards)}},
+                         "codecs": [{"name": "sharding_indexed", "configuration": {
+                             "chunk_shape": list(chunks), "codecs": [{"name": "bytes"}],
+                             "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]}}
+    t = ts.open(spec, create=True).result()
+    rng = np.random.default_rng(seed)
+    step = max(1, shape[0] // 16)
+    for i in range(0, shape[0], step):
+        t[i:i + step] = rng.integers(1, 255, size=(min(step, shape[0] - i), *shape[1:]), dtype=dtype)
+
+
+@contextmanager
+def mounted(src, options=(), what="zvfs"):
+    mnt = Path(tempfile.mkdtemp(prefix="zvfs-bench-"))
+    cmd = [*ZVFS, "mount", str(src), str(mnt)] + (["-o", ",".join(options)] if options else [])
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    mount_s = time.perf_counter() - t
+    pid = int(subprocess.run(["pgrep", "-f", f"zvfs mount {src} {mnt}"], capture_output=True, text=True).stdout.split()[0])
+    try:
+        yield mnt, pid, mount_s
+    finally:
+        subprocess.run([*ZVFS, "umount", str(mnt)], check=False)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+        os.rmdir(mnt)
+
+
+@contextmanager
+def floor_mounted(backing: Path, table: Path):
+    mnt = Path(tempfile.mkdtemp(prefix="floorfs-"))
+    proc = subprocess.Popen([PY, str(REPO / "scripts" / "floorfs.py"), str(backing), str(table), str(mnt)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    try:
+        yield mnt, proc.pid, 0.0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+        os.rmdir(mnt)
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def unsharded_copy(src: Path, dst: Path) -> None:
+    if not dst.exists():
+        with mounted(src) as (mnt, _, _):
+            subprocess.run(["cp", "-r", str(mnt), str(dst)], check=True)
+
+
+def floor_backing(tree: Path, backing: Path, table: Path) -> None:
+    """One backing file with every chunk file of `tree`, and the table floorfs serves."""
+    if table.exists():
+        return
+    off = 0
+    with open(backing, "wb") as b, open(table, "w") as t:
+        for p in sorted(tree.rglob("*")):
+            if p.is_file():
+                data = p.read_bytes()
+                b.write(data)
+                t.write(f"{p.relative_to(tree).as_posix()}\t{off}\t{len(data)}\n")
+                off += len(data)
+
+
+def read_all(root: Path, readers: int) -> float:
+    """`find | xargs cat` over every chunk file; seconds."""
+    per = 256 if readers == 1 else 64
+    t = time.perf_counter()
+    subprocess.run(f"find {root}/c -type f -print0 | xargs -0 -P {readers} -n {per} cat > /dev/null", shell=True, check=True)
+    return time.perf_counter() - t
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def bench_local(work: Path, runs: int, quick: bool) -> list[dict]:
+    sizes = [("4 KiB", (64, 64), 4096), ("64 KiB", (256, 256), 4096), ("1 MiB", (1024, 1024), 256)]
+    if quick:
+        sizes = [(n, c, max(64, k // 16)) for n, c, k in sizes]
+    rows = []
+    for name, chunk, count in sizes:
+        side = int(round(count ** 0.5))
+        shape = (side * chunk[0], (count // side) * chunk[1])
+        shards = (chunk[0] * min(8, side), chunk[1] * min(8, count // side))
+        src = work / f"local-{name.replace(' ', '')}.zarr"
+        log(f"local {name}: {count} chunks, writing {np.prod(shape) >> 20} MiB")
+        write_sharded(src, shape, chunk, shards)
+        copy = work / f"copy-{name.replace(' ', '')}"
+        unsharded_copy(src, copy)
+        backing, table = work / f"floor-{name.replace(' ', '')}.bin", work / f"floor-{name.replace(' ', '')}.tsv"
+        floor_backing(copy, backing, table)
+        for readers in (1, 4):
+            t = {"ext4": [], "zvfs": [], "floor": []}
+            rss = 0
+            for _ in range(runs):
+                t["ext4"].append(read_all(copy, readers))
+                with mounted(src) as (mnt, pid, _):
+                    t["zvfs"].append(read_all(mnt, readers))
+                    rss = max(rss, peak_rss(pid))
+                with floor_mounted(backing, table) as (mnt, _, _):
+                    t["floor"].append(read_all(mnt, readers))
+            row = {"section": "local", "chunk": name, "files": count, "readers": readers, "rss_mib": rss >> 20,
+                   **{k: median(v) for k, v in t.items()}}
+            if readers == 1:
+                row["tensorstore"] = median([tensorstore_read(src) for _ in range(runs)])
+                row["cat shards"] = median([cat_shards(src) for _ in range(runs)])
+            rows.append(row)
+            log(fmt_local(row))
+    return rows
+
+
+def tensorstore_read(src: Path) -> float:
+    import tensorstore as ts
+
+    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(src)},
+                 "context": {"cache_pool": {"total_bytes_limit": 0}}}).result()
+    start = time.perf_counter()
+    t.read().result()
+    return time.perf_counter() - start
+
+
+def cat_shards(src: Path) -> float:
+    t = time.perf_counter()
+    subprocess.run(f"find {src}/c -type f -print0 | xargs -0 cat > /dev/null", shell=True, check=True)
+    return time.perf_counter() - t
+
+
+def fmt_local(r: dict) -> str:
+    s = (f"| {r['chunk']} x {r['files']} | {r['readers']} | {r['ext4']:.3f} | {r['floor']:.3f} | {r['zvfs']:.3f} | "
+         f"{r['zvfs'] / r['floor']:.2f} | {r['zvfs'] / r['ext4']:.2f} |")
+    if "tensorstore" in r:
+        s += f" {r['tensorstore']:.3f} | {r['cat shards']:.3f} |"
+    else:
+        s += " | |"
+    return s + f" {r['rss_mib']} |"
+
+
+def bench_listing(work: Path, runs: int, quick: bool) -> list[dict]:
+    rows = []
+    counts = [10**4, 10**5] if quick else [10**4, 10**5, 10**6]
+    for n in counts:
+        side = round(n ** (1 / 3))
+        shape = (side, side, side)
+        src = work / f"list-{n}.zarr"
+        log(f"listing: {n} chunks, writing")
+        write_sharded(src, shape, (1, 1, 1), (max(1, side // 10), side, side))
+        t = {"find": [], "ls -lR": [], "mount": []}
+        for _ in range(max(1, runs // 2 if n == 10**6 else runs)):
+            with mounted(src) as (mnt, pid, mount_s):
+                t["mount"].append(mount_s)
+                start = time.perf_counter()
+                found = subprocess.run(f"find {mnt}/c -type f | wc -l", shell=True, capture_output=True, text=True).stdout
+                t["find"].append(time.perf_counter() - start)
+            with mounted(src) as (mnt, pid, _):
+                start = time.perf_counter()
+                subprocess.run(f"ls -lR {mnt} > /dev/null", shell=True, check=True)
+                t["ls -lR"].append(time.perf_counter() - start)
+                rss = peak_rss(pid)
+        assert int(found) == side**3, found
+        row = {"section": "listing", "files": side**3, "rss_mib": rss >> 20, **{k: median(v) for k, v in t.items()}}
+        rows.append(row)
+        log(f"| {row['files']} | {row['mount']:.3f} | {row['find']:.2f} | {row['ls -lR']:.2f} | {row['rss_mib']} |")
+    return rows
+
+
+def bench_http(work: Path, runs: int, quick: bool) -> list[dict]:
+    src = work / ("local-64KiB.zarr")
+    count = 256 if quick else 4096
+    if not src.exists():
+        side = int(count ** 0.5)
+        write_sharded(src, (side * 256, side * 256), (256, 256), (2048, 2048))
+    copy = work / "copy-64KiB"
+    unsharded_copy(src, copy)
+    chunk_bytes = sum(p.stat().st_size for p in (copy / "c").rglob("*") if p.is_file())
+    nfiles = sum(1 for p in (copy / "c").rglob("*") if p.is_file())
+    rows = []
+    ng = Nginx(work, work / "nginx").start()
+    try:
+        url = f"{ng.url}/{src.name}"
+        for readers in (1, 4):
+            for readahead in ("1M", "0"):
+                t, reqs, nbytes, rss = [], [], [], 0
+                for _ in range(runs):
+                    with mounted(url, (f"readahead={readahead}",)) as (mnt, pid, _):
+                        mark = ng.mark()
+                        t.append(read_all(mnt, readers))
+                        r = ng.requests(mark)
+                        reqs.append(len(r))
+                        nbytes.append(sum(x.nbytes for x in r))
+                        rss = max(rss, peak_rss(pid))
+                ext4 = median([read_all(copy, readers) for _ in range(runs)])
+                row = {"section": "http", "files": nfiles, "readers": readers, "readahead": readahead, "seconds": median(t),
+                       "ext4": ext4, "requests": median(reqs), "bytes_ratio": median(nbytes) / chunk_bytes, "rss_mib": rss >> 20}
+                rows.append(row)
+                log(f"| {readers} | {readahead} | {row['seconds']:.2f} | {ext4:.3f} | {row['requests']:.0f} | "
+                    f"{nfiles / max(1, row['requests']):.1f} | {row['bytes_ratio']:.3f} | {row['rss_mib']} |")
+    finally:
+        ng.stop()
+    return rows
+
+
+def bench_latency(work: Path, runs: int, quick: bool) -> list[dict]:
+    src = work / "latency.zarr"
+    write_sharded(src, (16 * 256, 32 * 256), (256, 256), (1024, 1024))  # 512 x 64 KiB
+    ng = Nginx(work, work / "nginx-latency").start()
+    proxy = DelayProxy(ng.port, 0.010).start()
+    rows = []
+    try:
+        url = f"{proxy.url}/{src.name}"
+        for readahead in ("0", "1M"):
+            t = {1: [], 16: []}
+            for _ in range(max(1, runs // 2) if not quick else 1):
+                for readers in (1, 16):
+                    with mounted(url, (f"readahead={readahead}",)) as (mnt, _, _):
+                        start = time.perf_counter()
+                        per = 512 // readers
+                        subprocess.run(f"find {mnt}/c -type f -print0 | xargs -0 -P {readers} -n {per} cat > /dev/null",
+                                       shell=True, check=True)
+                        t[readers].append(time.perf_counter() - start)
+            row = {"section": "latency", "readahead": readahead, "one": median(t[1]), "sixteen": median(t[16])}
+            rows.append(row)
+            log(f"| {readahead} | {row['one']:.2f} | {row['sixteen']:.2f} | {row['one'] / row['sixteen']:.1f} |")
+    finally:
+        proxy.stop()
+        ng.stop()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--runs", type=int, default=5, help="repetitions per figure (median)")
+    ap.add_argument("--only", default="local,listing,http,latency")
+    ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    sections = args.only.split(",")
+    results = []
+    print(f"zvfs benchmarks, medians of {args.runs} runs, {os.cpu_count()} cores\n")
+    if "local" in sections:
+        print("Reading every chunk file (find | xargs cat), seconds; ratios zvfs/floor and zvfs/ext4")
+        print("| chunks | readers | ext4 dir | pyfuse3 floor | zvfs | zvfs/floor | zvfs/ext4 | tensorstore (sharded) | cat shards | zvfs RSS MiB |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in bench_local(work, args.runs, args.quick):
+            results.append(r)
+            print(fmt_local(r), flush=True)
+        print()
+    if "listing" in sections:
+        print("Listing, seconds (fresh mount each)")
+        print("| chunk files | mount | find | ls -lR | RSS MiB |")
+        print("|---|---|---|---|---|")
+        for r in bench_listing(work, args.runs, args.quick):
+            results.append(r)
+            print(f"| {r['files']} | {r['mount']:.3f} | {r['find']:.2f} | {r['ls -lR']:.2f} | {r['rss_mib']} |", flush=True)
+        print()
+    if "http" in sections:
+        print("Over HTTP (nginx on loopback), 64 KiB chunks: seconds, requests (nginx log), bytes / chunk bytes")
+        print("| readers | readahead | zvfs over HTTP | ext4 dir | requests | chunks per request | bytes ratio | RSS MiB |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in bench_http(work, args.runs, args.quick):
+            results.append(r)
+            print(f"| {r['readers']} | {r['readahead']} | {r['seconds']:.2f} | {r['ext4']:.3f} | {r['requests']:.0f} | "
+                  f"{r['files'] / max(1, r['requests']):.1f} | {r['bytes_ratio']:.3f} | {r['rss_mib']} |", flush=True)
+        print()
+    if "latency" in sections:
+        print("10 ms per request (delay proxy), 512 x 64 KiB over HTTP: 1 vs 16 readers, seconds")
+        print("| readahead | 1 reader | 16 readers | speed-up |")
+        print("|---|---|---|---|")
+        for r in bench_latency(work, args.runs, args.quick):
+            results.append(r)
+            print(f"| {r['readahead']} | {r['one']:.2f} | {r['sixteen']:.2f} | {r['one'] / r['sixteen']:.1f} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
