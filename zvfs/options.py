@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from .errors import OptionError
 
-VIEWS = ("zarr", "precomputed")
+VIEWS = ("zarr", "zarr2", "n5", "precomputed")
+N5_COMPRESSIONS = ("raw", "gzip", "zstd", "blosc")
 
 #: mount(8)/fstab options that are accepted and have no effect (zvfs is always read-only,
 #: never has devices or set-uid files, and keeps no access times).
@@ -27,6 +28,7 @@ GENERIC = {
 #: option name -> (field, kind, help)
 OWN = {
     "view": ("view", "view", "view to show: " + ", ".join(VIEWS) + " (default: the store's own kind)"),
+    "n5_compression": ("n5_compression", "n5c", "N5 view: compression of transcoded blocks: raw (default), gzip, zstd, blosc"),
     "allow_other": ("allow_other", "flag", "let other users see the mount (adds default_permissions)"),
     "log": ("log_file", "str", "append the daemon's log to this file"),
     "debug": ("debug", "flag", "log at debug level"),
@@ -49,6 +51,7 @@ OWN = {
 @dataclass
 class MountOptions:
     view: str | None = None
+    n5_compression: str = "raw"
     allow_other: bool = False
     log_file: str | None = None
     debug: bool = False
@@ -115,8 +118,8 @@ def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountO
             if not has_value or not value:
                 raise OptionError(f"mount option '{name}' needs a value ({name}=...)")
             try:
-                if kind == "view":
-                    if value not in VIEWS:
+                if kind in ("view", "n5c"):
+                    if value not in (VIEWS if kind == "view" else N5_COMPRESSIONS):
                         raise ValueError(value)
                     parsed = value
                 elif kind == "size":
@@ -132,7 +135,8 @@ def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountO
                 else:
                     parsed = value
             except ValueError:
-                choices = f" (one of: {', '.join(VIEWS)})" if kind == "view" else ""
+                choices = {"view": VIEWS, "n5c": N5_COMPRESSIONS}.get(kind)
+                choices = f" (one of: {', '.join(choices)})" if choices else ""
                 raise OptionError(f"bad value for mount option '{name}': {value!r}{choices}") from None
             setattr(opts, attr, parsed)
     return resolve_caches(opts)

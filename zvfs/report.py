@@ -66,6 +66,10 @@ async def describe(src: OpenSource) -> dict:
         return out
     arrays = [n for _, n in sorted(src.zarr_nodes.items()) if isinstance(n, ArrayNode)]
     out["arrays"] = [await _describe_array(src, n) for n in arrays]
+    for a in out["arrays"]:  # views other than zarr: arrays they cannot express are absent
+        a["in_view"] = a["path"] not in (src.absent or {})
+        if not a["in_view"]:
+            a["view_warning"] = f"not in the {src.view} view: {src.absent[a['path']]}"
     if src.kind == "zvf":
         out["zvf"] = _describe_zvf(src, out["arrays"])
     return out
@@ -144,6 +148,8 @@ def render(report: dict) -> str:
         lines.append(f"  present: {', '.join(present)}, {a['bytes']} bytes")
         if a["warning"]:
             lines.append(f"  WARNING: {a['warning']}")
+        if not a["in_view"]:
+            lines.append(f"  ABSENT: {a['view_warning']}")
     return "\n".join(lines)
 
 

@@ -15,6 +15,8 @@ from .storage import Store, open_store
 from .storage.cache import CoalescingCache
 from .tree import Tree
 from .views.precomputed import PrecomputedView
+from .views.n5 import N5View
+from .views.zarr2 import Zarr2View
 from .views.zarr3 import Zarr3View
 from .views.zvf import ZvfObjects
 
@@ -28,6 +30,7 @@ class OpenSource:
     cache: CoalescingCache
     zarr_nodes: dict | None = None
     dataset: precomputed.Dataset | None = None
+    absent: dict | None = None  # arrays the view cannot express -> why
 
 
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
@@ -38,14 +41,17 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
     cache = CoalescingCache(opts.index_cache)
     try:
         if await store.read(zarr3.META) is not None:
-            view = _view(source, opts, "zarr", ("zarr",))
+            view = _view(source, opts, "zarr", ("zarr", "zarr2", "n5"))
             nodes = await zarr3.load_hierarchy(store)
-            zview = Zarr3View(store, nodes, cache)
-            kind = "zarr3"
-            if zvf.is_zvf(nodes):
-                kind = "zvf"
-                ZvfObjects(zview, CoalescingCache(opts.decoded_cache, len))
-            return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes)
+            kind = "zvf" if zvf.is_zvf(nodes) else "zarr3"
+            decoded = CoalescingCache(opts.decoded_cache, len)
+            if view == "zarr":
+                zview = Zarr3View(store, nodes, cache)
+                if kind == "zvf":
+                    ZvfObjects(zview, decoded)
+                return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes)
+            legacy = Zarr2View(store, nodes, cache, decoded) if view == "zarr2" else N5View(store, nodes, cache, decoded, opts.n5_compression)
+            return OpenSource(store, kind, view, legacy.tree, cache, zarr_nodes=nodes, absent=legacy.absent)
         if await store.read(precomputed.INFO) is not None:
             view = _view(source, opts, "precomputed", ("precomputed",))
             dataset = await precomputed.load_dataset(store)

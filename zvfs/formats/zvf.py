@@ -8,7 +8,7 @@ is: manifest -> for each block, that chunk's `vertex_fragments` cell (fragment -
 
 The cells are read through the unsharded view's own chunk files (so sharded and unsharded
 arrays, local and remote stores, all take the same path and the same caches); blob formats are
-decoded by zarr-vectors' own decoders and the codecs by numcodecs.
+decoded by zarr-vectors' own decoders and the codecs by formats/codecs.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import io
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-import numcodecs
 import numpy as np
 
 from ..errors import CorruptShardError
+from .codecs import Chain
 from .zarr3 import ArrayNode, GroupNode, child_path
 
 VERTICES = "vertices"
@@ -29,8 +29,6 @@ OBJECT_INDEX = "object_index"
 MANIFESTS = "object_index/manifests"
 OBJECT_IDS = "object_index/object_ids"
 
-_BYTES_CODECS = {"zstd": numcodecs.Zstd, "blosc": numcodecs.Blosc, "gzip": numcodecs.GZip}
-
 #: reads the whole unsharded chunk file of `array path` at grid `cell`; None if absent
 CellReader = Callable[[str, tuple[int, ...]], Awaitable[bytes | None]]
 
@@ -38,23 +36,6 @@ CellReader = Callable[[str, tuple[int, ...]], Awaitable[bytes | None]]
 def is_zvf(nodes: dict) -> bool:
     root = nodes.get("")
     return isinstance(root, GroupNode) and isinstance(root.meta.get("attributes", {}).get("zarr_vectors"), dict)
-
-
-def decode_chunk(node: ArrayNode, codecs: list, raw: bytes) -> np.ndarray:
-    """Decode one (unsharded) chunk of a ZVF array: vlen-bytes or plain `bytes` arrays under
-    zstd/blosc/gzip. Returns a flat array (object dtype for vlen-bytes)."""
-    names = [c["name"] if isinstance(c, dict) else c for c in codecs]
-    data = raw
-    for name in reversed(names[1:]):
-        if name not in _BYTES_CODECS:
-            raise CorruptShardError(node.path, f"codec {name!r} is not supported for ZVF objects")
-        data = _BYTES_CODECS[name]().decode(data)
-    if names[0] == "vlen-bytes":
-        return numcodecs.VLenBytes().decode(data)
-    if names[0] == "bytes":
-        endian = (codecs[0].get("configuration") or {}).get("endian", "little") if isinstance(codecs[0], dict) else "little"
-        return np.frombuffer(data, dtype=np.dtype(node.meta["data_type"]).newbyteorder("<" if endian == "little" else ">"))
-    raise CorruptShardError(node.path, f"array->bytes codec {names[0]!r} is not supported for ZVF objects")
 
 
 @dataclass
@@ -114,8 +95,12 @@ class ObjectReader:
         raw = await self.read_cell(node.path, cell)
         if raw is None:
             return None
+        chain = Chain.parse(self.codecs_of(node), node.meta["data_type"], len(node.shape))
+        if chain is None:
+            raise CorruptShardError(node.path, "codecs not supported for ZVF objects")
+        shape = node.plan.chunk_shape if node.plan else node.chunk_shape
         try:
-            return decode_chunk(node, self.codecs_of(node), raw)
+            return chain.decode(raw, node.meta["data_type"], shape).reshape(-1)
         except (ValueError, RuntimeError, TypeError) as e:
             raise CorruptShardError(node.path, f"chunk {cell} does not decode ({e})") from None
 

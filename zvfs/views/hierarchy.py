@@ -1,0 +1,126 @@
+"""Shared shape of the views that re-express a Zarr v3 hierarchy in another format (Zarr v2,
+N5): every group is a directory with that format's metadata files, every array the format
+can express is a directory with metadata files and a chunk space; arrays it cannot express
+are absent (and logged once). Unlike the Zarr v3 view nothing else passes through: the
+result is a clean store of the other format.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..formats.zarr3 import ArrayNode, GroupNode, PlainArray, ShardedArray, child_path
+from ..storage.base import Store
+from ..storage.cache import CoalescingCache
+from ..tree import BytesFile, Dir, Node, Tree
+from .chunks import ChunkSpace, Layout, MakeFile
+
+log = logging.getLogger("zvfs.view")
+
+
+class NotExpressible(Exception):
+    """Why an array is absent from a view (the log and `inspect --view` say it)."""
+
+
+class HierarchyView:
+    """Base of the Zarr v2 and N5 views. Subclasses give the metadata files and chunk naming."""
+
+    name = ""
+
+    def __init__(self, store: Store, nodes: dict, cache: CoalescingCache, decoded: CoalescingCache):
+        self.store = store
+        self.nodes = nodes
+        self.cache = cache
+        self.decoded = decoded
+        self.tree = Tree()
+        self.absent: dict[str, str] = {}  # array path -> why the view cannot express it
+        for path, node in sorted(nodes.items()):
+            if isinstance(node, ArrayNode):
+                try:
+                    self.check(node)
+                except NotExpressible as e:
+                    self.absent[path] = str(e)
+                    log.warning("%s view: array %s is not shown: %s", self.name, path or "/", e)
+        self.node_for("")
+
+    def source(self, node: ArrayNode) -> ShardedArray | PlainArray:
+        return ShardedArray(node, self.store, self.cache) if node.plan else PlainArray(node, self.store)
+
+    def node_for(self, path: str) -> Node | None:
+        node = self.nodes[path]
+        if isinstance(node, ArrayNode) and path in self.absent:
+            return None
+        if isinstance(node, GroupNode):
+            return self.tree.intern((self.name, path), lambda ino: GroupDir(ino, self, node))
+        return self.tree.intern((self.name, path), lambda ino: ArrayDir(ino, self, node))
+
+    def metadata(self, key: str, content: bytes) -> Node:
+        return self.tree.intern((self.name, "meta", key), lambda ino: BytesFile(ino, content))
+
+    # -- for subclasses
+
+    def check(self, node: ArrayNode) -> None:
+        """Raise NotExpressible if the array cannot be shown."""
+
+    def group_files(self, group: GroupNode) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def array_files(self, node: ArrayNode) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def layout(self, node: ArrayNode) -> Layout:
+        raise NotImplementedError
+
+    def make_file(self, node: ArrayNode, source) -> MakeFile:
+        raise NotImplementedError
+
+
+class GroupDir(Dir):
+    __slots__ = ("view", "group")
+
+    def __init__(self, ino: int, view: HierarchyView, group: GroupNode):
+        super().__init__(ino)
+        self.view = view
+        self.group = group
+
+    def _files(self) -> dict[str, Node]:
+        return {name: self.view.metadata(child_path(self.group.path, name), data)
+                for name, data in self.view.group_files(self.group).items()}
+
+    async def lookup(self, name: str) -> Node | None:
+        files = self._files()
+        if name in files:
+            return files[name]
+        if name in self.group.children:
+            return self.view.node_for(child_path(self.group.path, name))
+        return None
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        out = list(self._files().items())
+        for name in self.group.children:
+            node = self.view.node_for(child_path(self.group.path, name))
+            if node is not None:
+                out.append((name, node))
+        return sorted(out, key=lambda e: e[0])
+
+
+class ArrayDir(Dir):
+    __slots__ = ("view", "array", "chunks")
+
+    def __init__(self, ino: int, view: HierarchyView, array: ArrayNode):
+        super().__init__(ino)
+        self.view = view
+        self.array = array
+        source = view.source(array)
+        self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source))
+
+    def _files(self) -> dict[str, Node]:
+        return {name: self.view.metadata(child_path(self.array.path, name), data)
+                for name, data in self.view.array_files(self.array).items()}
+
+    async def lookup(self, name: str) -> Node | None:
+        files = self._files()
+        return files[name] if name in files else await self.chunks.top_lookup(name)
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        return sorted([*self._files().items(), *await self.chunks.top_entries()], key=lambda e: e[0])
