@@ -8,6 +8,8 @@ baselines, with configurations alternated, and reported as a ratio (the machine 
 - listing: `find` and `ls -lR` over 10^4, 10^5, 10^6 chunk files; mount time at 10^6 chunks.
 - http: the same reads over HTTP (nginx on loopback) with request and byte counts.
 - latency: 10 ms added per request by a proxy: 16 readers against one.
+- views: blocks per second through the Zarr v3, Zarr v2 and N5 views (pass-through and
+  transcoded N5 blocks).
 - RSS peak of the daemon for each mounted run.
 """
 
@@ -286,11 +288,52 @@ def bench_latency(work: Path, runs: int, quick: bool) -> list[dict]:
     return rows
 
 
+def write_views_fixture(path: Path, dtype: str, compressor: dict | None, quick: bool) -> None:
+    """1024 (quick: 256) chunks of 64x64, written by tensorstore."""
+    import tensorstore as ts
+
+    if path.exists():
+        return
+    side = 16 if quick else 32
+    codecs = [{"name": "bytes", "configuration": {"endian": "little"}}] + ([compressor] if compressor else [])
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)},
+            "metadata": {"shape": [side * 64, side * 64], "data_type": dtype, "fill_value": 0,
+                         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [512, 512]}},
+                         "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [64, 64], "codecs": codecs}}]}}
+    t = ts.open(spec, create=True).result()
+    t[...] = np.random.default_rng(4).integers(1, 200, size=(side * 64, side * 64)).astype(dtype)
+
+
+def bench_views(work: Path, runs: int, quick: bool) -> list[dict]:
+    """Blocks per second through each view: uint8 + zstd passes through to N5 as is; uint16
+    little-endian + gzip is transcoded (decode, byte-swap, raw)."""
+    cases = [("uint8 zstd", "uint8", {"name": "zstd", "configuration": {"level": 3}}),
+             ("uint16 gzip", "uint16", {"name": "gzip", "configuration": {"level": 5}})]
+    rows = []
+    for name, dtype, comp in cases:
+        src = work / f"views-{dtype}.zarr"
+        write_views_fixture(src, dtype, comp, quick)
+        for view in ("zarr", "zarr2", "n5"):
+            t, files = [], 0
+            for _ in range(runs):
+                with mounted(src, (f"view={view}",)) as (mnt, _, _):
+                    start = time.perf_counter()
+                    out = subprocess.run(f"find {mnt} -type f ! -name '*.json' ! -name '.z*' -print0 | tee /dev/stderr | "
+                                         f"xargs -0 -n 256 cat > /dev/null", shell=True, check=True, capture_output=True)
+                    t.append(time.perf_counter() - start)
+                    files = out.stderr.count(b"\0")
+            mode = "pass-through" if view != "n5" or dtype == "uint8" else "transcoded"
+            row = {"section": "views", "array": name, "view": view, "mode": mode, "blocks": files, "seconds": median(t)}
+            rows.append(row)
+            log(f"| {name} | {view} | {mode} | {files} | {files / row['seconds']:.0f} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--runs", type=int, default=5, help="repetitions per figure (median)")
-    ap.add_argument("--only", default="local,listing,http,latency")
+    ap.add_argument("--only", default="local,listing,http,latency,views")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -331,6 +374,16 @@ def main() -> None:
         for r in bench_latency(work, args.runs, args.quick):
             results.append(r)
             print(f"| {r['readahead']} | {r['one']:.2f} | {r['sixteen']:.2f} | {r['one'] / r['sixteen']:.1f} |", flush=True)
+    if "views" in sections:
+        print("\nViews: reading every block/chunk file of a 1024-chunk array, blocks per second")
+        print("| array | view | blocks | blocks/s | vs zarr view |")
+        print("|---|---|---|---|---|")
+        rows = bench_views(work, args.runs, args.quick)
+        results += rows
+        for r in rows:
+            base = next(x for x in rows if x["array"] == r["array"] and x["view"] == "zarr")
+            print(f"| {r['array']} | {r['view']} ({r['mode']}) | {r['blocks']} | {r['blocks'] / r['seconds']:.0f} | "
+                  f"{base['seconds'] / r['seconds']:.2f} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
