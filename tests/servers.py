@@ -213,3 +213,107 @@ class DelayProxy:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread:
             self._thread.join(5)
+
+
+class FaultProxy:
+    """HTTP proxy to a target server that injects faults at a fixed rate, reproducibly (seeded):
+    503 responses, connection resets, stalls longer than the client's timeout, and bodies cut
+    short. `faults` can be switched off to let the backend "recover"."""
+
+    KINDS = ("503", "reset", "stall", "truncate")
+
+    def __init__(self, target_port: int, rate: float, seed: int = 0, stall: float = 3.0):
+        import random
+
+        self.target_port = target_port
+        self.rate = rate
+        self.stall = stall
+        self.faults = True
+        self.injected = {k: 0 for k in self.KINDS}
+        self.port = free_port()
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _pick(self) -> str | None:
+        with self._lock:
+            if not self.faults or self._rng.random() >= self.rate:
+                return None
+            kind = self._rng.choice(self.KINDS)
+            self.injected[kind] += 1
+            return kind
+
+    def start(self) -> "FaultProxy":
+        import http.client
+        import http.server
+
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                kind = proxy._pick()
+                if kind == "503":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if kind == "reset":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if kind == "stall":
+                    time.sleep(proxy.stall)
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("range", "accept", "accept-encoding")}
+                conn.request("GET", self.path, headers=headers)
+                resp = conn.getresponse()
+                body = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() in ("content-type", "content-range", "last-modified", "etag", "location", "accept-ranges"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if kind == "truncate" and len(body) > 1:
+                    self.wfile.write(body[: len(body) // 2])
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.close()
+                    return
+                self.wfile.write(body)
+
+            def do_HEAD(self):
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.target_port, timeout=30)
+                conn.request("HEAD", self.path)
+                resp = conn.getresponse()
+                resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() in ("content-type", "content-length", "last-modified", "etag", "accept-ranges"):
+                        self.send_header(k, v)
+                self.end_headers()
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        _wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()

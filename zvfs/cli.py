@@ -16,7 +16,7 @@ import sys
 import trio
 
 from . import report
-from .daemon import run_foreground, spawn_daemon
+from .daemon import ARGV_ENV, run_foreground, spawn_daemon
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
 from .options import MountOptions, options_help, parse_options
 from .source import open_source
@@ -92,7 +92,7 @@ def cmd_mount(args, argv: list[str]) -> int:
     child_argv = ["mount", args.source, mountpoint, *[a for o in args.options for a in ("-o", o)]]
     if args.view:
         child_argv += ["--view", args.view]
-    status, error = spawn_daemon(child_argv, opts)
+    status, error = spawn_daemon(args.source, mountpoint, child_argv, opts)
     if error:
         return _fail(error, status or 1)
     return 0
@@ -161,6 +161,8 @@ async def _inspect(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if ARGV_ENV in os.environ:  # a daemon started by `zvfs mount`: its real arguments
+        argv = json.loads(os.environ.pop(ARGV_ENV))
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv = ["mount", *_strip_helper_flags(argv)]
     parser = _parser()

@@ -10,6 +10,7 @@ exit status means "mounted", which is what mount(8), fstab and scripts need. A c
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import select
@@ -26,10 +27,12 @@ from .errors import MetadataError, ZvfsError
 from .fuse_ops import ZvfsOperations
 from .options import MountOptions
 from .source import open_source
+from .storage import redact
 
 log = logging.getLogger("zvfs")
 
 READY_FD_ENV = "ZVFS_READY_FD"
+ARGV_ENV = "ZVFS_ARGV"  # the daemon's real arguments (see spawn_daemon)
 FUSECTL = "/sys/fs/fuse/connections"
 
 
@@ -65,7 +68,7 @@ def check_mountpoint(mountpoint: str) -> None:
 
 
 def _fuse_options(source: str, opts: MountOptions) -> set[str]:
-    name = (opts.fsname or source).replace(",", "_")
+    name = (opts.fsname or redact(source)).replace(",", "_")
     fuse = set(pyfuse3.default_options) | {"ro", "noatime", f"fsname={name}", "subtype=zvfs"}
     if opts.allow_other:
         fuse |= {"allow_other", "default_permissions"}
@@ -169,17 +172,20 @@ def run_foreground(source: str, mountpoint: str, opts: MountOptions) -> int:
     return 0
 
 
-def spawn_daemon(argv: list[str], opts: MountOptions) -> tuple[int, str | None]:
+def spawn_daemon(source: str, mountpoint: str, argv: list[str], opts: MountOptions) -> tuple[int, str | None]:
     """Start `zvfs <argv> --foreground` as a daemon and wait until it reports.
 
+    The real arguments travel in the environment (readable by the same user only); the process
+    title shows the redacted source and no options, so credentials never appear in `ps`.
     Returns (status, error message)."""
     r, w = os.pipe()
     stderr = open(opts.log_file, "ab") if opts.log_file else subprocess.DEVNULL
+    env = {**os.environ, READY_FD_ENV: str(w), ARGV_ENV: json.dumps([*argv, "--foreground"])}
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "zvfs", *argv, "--foreground"],
+            [sys.executable, "-m", "zvfs", "mount", redact(source), mountpoint, "--foreground"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-            pass_fds=(w,), env={**os.environ, READY_FD_ENV: str(w)}, start_new_session=True,
+            pass_fds=(w,), env=env, start_new_session=True,
         )
     finally:
         os.close(w)

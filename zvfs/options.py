@@ -38,6 +38,8 @@ OWN = {
     "max_requests": ("max_requests", "int", "backend requests in flight at once (default 16)"),
     "max_background": ("max_background", "int", "kernel requests in flight at once on the FUSE connection (default 64)"),
     "readahead": ("readahead", "size", "remote stores: bytes fetched per request once a shard is walked (default 1M, 0 = off)"),
+    "request_timeout": ("request_timeout", "float", "remote stores: seconds one request may take (default 20)"),
+    "retry_deadline": ("retry_deadline", "float", "remote stores: seconds to keep retrying a failing read before EIO (default 30)"),
     "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
@@ -61,6 +63,8 @@ class MountOptions:
     max_requests: int = 16
     max_background: int = 64
     readahead: int = 1 << 20
+    request_timeout: float = 20.0
+    retry_deadline: float = 30.0
     block_cache: int | None = None
     mount_timeout: float = 60.0
     fsname: str | None = None
@@ -148,6 +152,9 @@ def storage_options(protocol: str, opts: MountOptions) -> dict:
     out: dict = {}
     if protocol in ("s3", "s3a"):
         client: dict = {}
+        # one attempt per call and our own retries: the deadline stays ours
+        out["config_kwargs"] = {"connect_timeout": opts.request_timeout, "read_timeout": opts.request_timeout,
+                                "retries": {"max_attempts": 1}}
         if opts.endpoint:
             out["endpoint_url"] = opts.endpoint
         if opts.region:
@@ -165,6 +172,10 @@ def storage_options(protocol: str, opts: MountOptions) -> dict:
             out["token"] = "anon"
     elif opts.endpoint or opts.region or opts.profile or opts.anon:
         raise OptionError(f"options endpoint/region/profile/anon do not apply to {protocol}:// sources")
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        out["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=opts.request_timeout)}
     return out
 
 

@@ -32,6 +32,7 @@ from .chunkref import ChunkRef
 log = logging.getLogger("zvfs.zarr3")
 
 META = "zarr.json"
+MAX_CHUNKS = 2**48  # chunk files one array may have (inode numbers are computed from positions)
 EMPTY = np.uint64(2**64 - 1)
 _BAD = np.uint64(2**64 - 2)  # offset marker for an entry that points outside its shard
 _EMPTY_INT, _BAD_INT = int(EMPTY), int(_BAD)
@@ -246,6 +247,10 @@ def parse_array(path: str, meta: dict, where: str) -> ArrayNode:
         node.plan = plan_sharding(meta, shape, chunk_shape, where)
     except NotUnshardable as e:
         node.warning = f"shown as stored: {e}"
+    inner = node.plan.chunk_shape if node.plan else chunk_shape
+    chunks = math.prod(-(-s // c) for s, c in zip(shape, inner))
+    if chunks > MAX_CHUNKS:
+        raise MetadataError(where, f"absurd chunk grid: {chunks} chunks (more than {MAX_CHUNKS})")
     return node
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import MetadataError
 from .base import Store
@@ -11,10 +12,21 @@ from .readahead import CoalescingStore
 from .remote import FsspecStore
 
 
+def redact(source: str) -> str:
+    """The source as it may be shown (logs, /proc/mounts, process titles, inspect): a URL loses
+    its user:password and its query string (signed URLs carry credentials there)."""
+    if "://" not in source:
+        return source
+    parts = urlsplit(source)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
-               readahead: int = 1 << 20, block_cache: int = 64 << 20) -> Store:
-    """A local path gets the pread fast path; a URL goes through fsspec, with read coalescing
-    (`readahead` bytes per window, 0 to disable) over a `block_cache`-byte cache."""
+               readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0) -> Store:
+    """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
+    `deadline` seconds and read coalescing (`readahead` bytes per window, 0 to disable) over a
+    `block_cache`-byte cache."""
     if "://" not in source or source.startswith("file://"):
         path = source[len("file://"):] if source.startswith("file://") else source
         if not os.path.exists(path):
@@ -27,6 +39,6 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     try:
         fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
     except (ImportError, ValueError) as e:
-        raise MetadataError(source, f"cannot open: {e}") from e
-    store = FsspecStore(fs, root, display=source.split("?", 1)[0], max_requests=max_requests)
+        raise MetadataError(redact(source), f"cannot open: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline)
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store

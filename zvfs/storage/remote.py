@@ -2,10 +2,18 @@
 
 fsspec's blocking API is called from worker threads under one `trio.CapacityLimiter`, so a
 slow backend never stalls the FUSE loop and the number of requests in flight stays bounded.
+
+Transient faults (5xx, throttling, connection resets, timeouts) are retried with exponential
+backoff until `deadline` seconds have passed since the first attempt; then, like any other
+backend error, they become one `StorageError` (EIO for that file; the mount stays up and serves
+again once the backend recovers). A missing key is not a fault: it is None.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import Callable, TypeVar
 from urllib.parse import unquote
 
 import trio
@@ -13,16 +21,65 @@ import trio
 from ..errors import StorageError
 from .base import Entry, Store
 
+log = logging.getLogger("zvfs.storage")
+
+T = TypeVar("T")
+MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+#: S3 error codes that mean "slow down and try again"
+THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+              "RequestTimeout", "InternalError", "ServiceUnavailable"}
+
+
+def _status(e: BaseException) -> int | None:
+    status = getattr(e, "status", None)
+    if isinstance(status, int):
+        return status
+    response = getattr(e, "response", None)  # botocore ClientError
+    if isinstance(response, dict):
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return None
+
+
+def transient(e: BaseException) -> bool:
+    """Worth retrying: server errors, throttling, and faults of the connection itself."""
+    response = getattr(e, "response", None)
+    if isinstance(response, dict) and response.get("Error", {}).get("Code") in THROTTLING:
+        return True
+    status = _status(e)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    if isinstance(e, (TimeoutError, ConnectionError)):
+        return True
+    name = type(e).__name__
+    return any(word in name for word in ("Timeout", "Connection", "Disconnected", "Payload", "EndpointConnection"))
+
 
 class FsspecStore(Store):
-    def __init__(self, fs, root: str, display: str, max_requests: int = 16):
+    def __init__(self, fs, root: str, display: str, max_requests: int = 16, deadline: float = 30.0):
         self.fs = fs
         self.root = root.rstrip("/")
         self.display = display
+        self.deadline = deadline
         self._limiter = trio.CapacityLimiter(max_requests)
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
+
+    def _call(self, key: str, fn: Callable[[], T]) -> T:
+        """fn() with retries of transient faults inside the deadline (in a worker thread)."""
+        give_up = time.monotonic() + self.deadline
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except MISSING:
+                raise
+            except Exception as e:  # noqa: BLE001 - every backend has its own exception types
+                if not transient(e) or time.monotonic() + delay > give_up:
+                    raise _storage_error(self.display, key, e) from e
+                log.debug("%s/%s: %s, retrying in %.2f s", self.display, key, type(e).__name__, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
         end = None if (length is None or start < 0) else start + length
@@ -30,22 +87,18 @@ class FsspecStore(Store):
 
     def _read_sync(self, key: str, start: int, end: int | None) -> bytes | None:
         try:
-            return self.fs.cat_file(self._path(key), start=start, end=end)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return self._call(key, lambda: self.fs.cat_file(self._path(key), start=start, end=end))
+        except MISSING:
             return None
-        except Exception as e:  # noqa: BLE001 - every backend has its own exception types
-            raise _storage_error(self.display, key, e) from e
 
     async def size(self, key: str) -> int | None:
         return await trio.to_thread.run_sync(self._size_sync, key, limiter=self._limiter)
 
     def _size_sync(self, key: str) -> int | None:
         try:
-            return int(self.fs.size(self._path(key)))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return int(self._call(key, lambda: self.fs.size(self._path(key))))
+        except MISSING:
             return None
-        except Exception as e:  # noqa: BLE001
-            raise _storage_error(self.display, key, e) from e
 
     async def list(self, prefix: str) -> list[Entry] | None:
         return await trio.to_thread.run_sync(self._list_sync, prefix, limiter=self._limiter)
@@ -53,11 +106,9 @@ class FsspecStore(Store):
     def _list_sync(self, prefix: str) -> list[Entry] | None:
         path = self._path(prefix)
         try:
-            infos = self.fs.ls(path, detail=True)
-        except (FileNotFoundError, NotADirectoryError):
+            infos = self._call(prefix, lambda: self.fs.ls(path, detail=True))
+        except MISSING:
             return None
-        except Exception as e:  # noqa: BLE001
-            raise _storage_error(self.display, prefix, e) from e
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
             return None  # a key, not a prefix
         out = []
@@ -80,7 +131,7 @@ def _protocols(fs) -> tuple[str, ...]:
 
 def _storage_error(display: str, key: str, e: Exception) -> StorageError:
     """One line naming the key and what the backend said (HTTP status, connection error...)."""
-    status = getattr(e, "status", None) or getattr(e, "code", None)
-    what = f"HTTP {status}" if isinstance(status, int) else type(e).__name__
+    status = _status(e)
+    what = f"HTTP {status}" if status is not None else type(e).__name__
     detail = str(e).splitlines()[0] if str(e) else ""
     return StorageError(f"{display}/{key}: {what}{': ' + detail if detail and str(status) not in detail[:4] else ''}"[:300])
