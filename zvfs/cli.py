@@ -24,9 +24,10 @@ from .source import open_source
 COMMANDS = ("mount", "umount", "ls", "cat", "inspect")
 
 DESCRIPTION = """\
-zvfs shows a sharded chunked store (Zarr v3 with sharding_indexed) as its unsharded
-equivalent: one file per inner chunk, metadata rewritten, bytes passed through. Read-only.
-SOURCE is a local path or an fsspec URL (http://, s3://, gs://, ...)."""
+zvfs shows a sharded chunked store (Zarr v3 with sharding_indexed, Neuroglancer precomputed
+with neuroglancer_uint64_sharded_v1, ZVF) as its unsharded equivalent: one file per inner
+chunk, metadata rewritten, bytes passed through; also as N5 or Zarr v2 (--view). Read-only.
+SOURCE is a local path or an fsspec URL (http(s)://, s3://, gs://, ...)."""
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -180,4 +180,4 @@ def storage_options(protocol: str, opts: MountOptions) -> dict:
 
 
 def options_help() -> str:
-    return "\n".join(f"  {name:<14} {text}" for name, (_, _, text) in OWN.items())
+    return "\n".join(f"  {name:<16} {text}" for name, (_, _, text) in OWN.items())
