@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import CorruptShardError, MetadataError
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
+from ..storage.gather import gather
 from .chunkref import ChunkRef
 
 log = logging.getLogger("zvfs.precomputed")
@@ -267,7 +268,7 @@ class ShardedKV:
         return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
     async def all_ids(self) -> np.ndarray:
-        ids = [await self.ids_in_shard(s) for s in await self.shards()]
+        ids = await gather(lambda s=s: self.ids_in_shard(s) for s in await self.shards())
         return np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.uint64)
 
 

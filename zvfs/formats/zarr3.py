@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import CorruptShardError, MetadataError
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
+from ..storage.gather import gather
 from .chunkref import ChunkRef
 
 log = logging.getLogger("zvfs.zarr3")
@@ -487,7 +488,7 @@ class ShardedArray:
         (axis -> coordinate)."""
         ranges = [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)
                   for a, (p, g) in enumerate(zip(self.per_shard, self.shard_grid))]
-        return [await self.chunks_in_shard(shard) for shard in itertools.product(*ranges)]
+        return await gather(lambda shard=shard: self.chunks_in_shard(shard) for shard in itertools.product(*ranges))
 
     async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int) -> list[tuple]:
         """(grid coords, absolute offsets, lengths) of the innermost chunks below one index."""

@@ -11,6 +11,7 @@ again once the backend recovers). A missing key is not a fault: it is None.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Callable, TypeVar
@@ -61,9 +62,31 @@ class FsspecStore(Store):
         self.display = display
         self.deadline = deadline
         self._limiter = trio.CapacityLimiter(max_requests)
+        #: async backends (HTTP, S3, GCS) run their coroutines on fsspec's own event loop
+        #: thread: submit to it directly instead of through a worker thread (one hop, not two)
+        self._loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
+
+    async def _run(self, key: str, sync: Callable[[], T], coro: Callable[[], object]) -> T:
+        """One backend call under the concurrency limit, with retries inside the deadline."""
+        async with self._limiter:
+            if self._loop is None:
+                return await trio.to_thread.run_sync(self._call, key, sync)
+            give_up = trio.current_time() + self.deadline
+            delay = 0.05
+            while True:
+                try:
+                    return await _on_loop(self._loop, coro)
+                except MISSING:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    if not transient(e) or trio.current_time() + delay > give_up:
+                        raise _storage_error(self.display, key, e) from e
+                    log.debug("%s/%s: %s, retrying in %.2f s", self.display, key, type(e).__name__, delay)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
 
     def _call(self, key: str, fn: Callable[[], T]) -> T:
         """fn() with retries of transient faults inside the deadline (in a worker thread)."""
@@ -83,30 +106,24 @@ class FsspecStore(Store):
 
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
         end = None if (length is None or start < 0) else start + length
-        return await trio.to_thread.run_sync(self._read_sync, key, start, end, limiter=self._limiter)
-
-    def _read_sync(self, key: str, start: int, end: int | None) -> bytes | None:
+        path = self._path(key)
         try:
-            return self._call(key, lambda: self.fs.cat_file(self._path(key), start=start, end=end))
+            return await self._run(key, lambda: self.fs.cat_file(path, start=start, end=end),
+                                   lambda: self.fs._cat_file(path, start=start, end=end))
         except MISSING:
             return None
 
     async def size(self, key: str) -> int | None:
-        return await trio.to_thread.run_sync(self._size_sync, key, limiter=self._limiter)
-
-    def _size_sync(self, key: str) -> int | None:
+        path = self._path(key)
         try:
-            return int(self._call(key, lambda: self.fs.size(self._path(key))))
+            return int(await self._run(key, lambda: self.fs.size(path), lambda: self.fs._size(path)))
         except MISSING:
             return None
 
     async def list(self, prefix: str) -> list[Entry] | None:
-        return await trio.to_thread.run_sync(self._list_sync, prefix, limiter=self._limiter)
-
-    def _list_sync(self, prefix: str) -> list[Entry] | None:
         path = self._path(prefix)
         try:
-            infos = self._call(prefix, lambda: self.fs.ls(path, detail=True))
+            infos = await self._run(prefix, lambda: self.fs.ls(path, detail=True), lambda: self.fs._ls(path, detail=True))
         except MISSING:
             return None
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
@@ -123,6 +140,21 @@ class FsspecStore(Store):
             size = info.get("size")
             out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
         return out
+
+
+async def _on_loop(loop, coro: Callable[[], object]):
+    """Await a coroutine on another thread's asyncio loop from trio, without a worker thread:
+    the future's done-callback wakes this task."""
+    future = asyncio.run_coroutine_threadsafe(coro(), loop)
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    future.add_done_callback(lambda _: token.run_sync_soon(done.set))
+    try:
+        await done.wait()
+    except trio.Cancelled:
+        future.cancel()
+        raise
+    return future.result()
 
 
 def _protocols(fs) -> tuple[str, ...]:
