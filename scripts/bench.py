@@ -167,7 +167,6 @@ def bench_local(work: Path, runs: int, quick: bool) -> list[dict]:
                 row["tensorstore"] = median([tensorstore_read(src) for _ in range(runs)])
                 row["cat shards"] = median([cat_shards(src) for _ in range(runs)])
             rows.append(row)
-            log(fmt_local(row))
     return rows
 
 
@@ -221,7 +220,6 @@ def bench_listing(work: Path, runs: int, quick: bool) -> list[dict]:
         assert int(found) == side**3, found
         row = {"section": "listing", "files": side**3, "rss_mib": rss >> 20, **{k: median(v) for k, v in t.items()}}
         rows.append(row)
-        log(f"| {row['files']} | {row['mount']:.3f} | {row['find']:.2f} | {row['ls -lR']:.2f} | {row['rss_mib']} |")
     return rows
 
 
@@ -254,8 +252,6 @@ def bench_http(work: Path, runs: int, quick: bool) -> list[dict]:
                 row = {"section": "http", "files": nfiles, "readers": readers, "readahead": readahead, "seconds": median(t),
                        "ext4": ext4, "requests": median(reqs), "bytes_ratio": median(nbytes) / chunk_bytes, "rss_mib": rss >> 20}
                 rows.append(row)
-                log(f"| {readers} | {readahead} | {row['seconds']:.2f} | {ext4:.3f} | {row['requests']:.0f} | "
-                    f"{nfiles / max(1, row['requests']):.1f} | {row['bytes_ratio']:.3f} | {row['rss_mib']} |")
     finally:
         ng.stop()
     return rows
@@ -281,7 +277,6 @@ def bench_latency(work: Path, runs: int, quick: bool) -> list[dict]:
                         t[readers].append(time.perf_counter() - start)
             row = {"section": "latency", "readahead": readahead, "one": median(t[1]), "sixteen": median(t[16])}
             rows.append(row)
-            log(f"| {readahead} | {row['one']:.2f} | {row['sixteen']:.2f} | {row['one'] / row['sixteen']:.1f} |")
     finally:
         proxy.stop()
         ng.stop()
@@ -325,8 +320,43 @@ def bench_views(work: Path, runs: int, quick: bool) -> list[dict]:
             mode = "pass-through" if view != "n5" or dtype == "uint8" else "transcoded"
             row = {"section": "views", "array": name, "view": view, "mode": mode, "blocks": files, "seconds": median(t)}
             rows.append(row)
-            log(f"| {name} | {view} | {mode} | {files} | {files / row['seconds']:.0f} |")
     return rows
+
+
+def fmt_listing(r, rows):
+    return f"| {r['files']} | {r['mount']:.3f} | {r['find']:.2f} | {r['ls -lR']:.2f} | {r['rss_mib']} |"
+
+
+def fmt_http(r, rows):
+    return (f"| {r['readers']} | {r['readahead']} | {r['seconds']:.2f} | {r['ext4']:.3f} | {r['requests']:.0f} | "
+            f"{r['files'] / max(1, r['requests']):.1f} | {r['bytes_ratio']:.3f} | {r['rss_mib']} |")
+
+
+def fmt_latency(r, rows):
+    return f"| {r['readahead']} | {r['one']:.2f} | {r['sixteen']:.2f} | {r['one'] / r['sixteen']:.1f} |"
+
+
+def fmt_views(r, rows):
+    base = next(x for x in rows if x["array"] == r["array"] and x["view"] == "zarr")
+    return (f"| {r['array']} | {r['view']} ({r['mode']}) | {r['blocks']} | {r['blocks'] / r['seconds']:.0f} | "
+            f"{base['seconds'] / r['seconds']:.2f} |")
+
+
+#: name -> (title, table header, benchmark, row formatter)
+SECTIONS = {
+    "local": ("Reading every chunk file (find | xargs cat), seconds; ratios zvfs/floor and zvfs/ext4",
+              ["chunks", "readers", "ext4 dir", "pyfuse3 floor", "zvfs", "zvfs/floor", "zvfs/ext4",
+               "tensorstore (sharded)", "cat shards", "zvfs RSS MiB"], bench_local, lambda r, rows: fmt_local(r)),
+    "listing": ("Listing, seconds (fresh mount each)", ["chunk files", "mount", "find", "ls -lR", "RSS MiB"],
+                bench_listing, fmt_listing),
+    "http": ("Over HTTP (nginx on loopback), 64 KiB chunks: seconds, requests (nginx log), bytes / chunk bytes",
+             ["readers", "readahead", "zvfs over HTTP", "ext4 dir", "requests", "chunks per request", "bytes ratio", "RSS MiB"],
+             bench_http, fmt_http),
+    "latency": ("10 ms per request (delay proxy), 512 x 64 KiB over HTTP: 1 vs 16 readers, seconds",
+                ["readahead", "1 reader", "16 readers", "speed-up"], bench_latency, fmt_latency),
+    "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
+              ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
+}
 
 
 def main() -> None:
@@ -341,49 +371,15 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     sections = args.only.split(",")
     results = []
-    print(f"zvfs benchmarks, medians of {args.runs} runs, {os.cpu_count()} cores\n")
-    if "local" in sections:
-        print("Reading every chunk file (find | xargs cat), seconds; ratios zvfs/floor and zvfs/ext4")
-        print("| chunks | readers | ext4 dir | pyfuse3 floor | zvfs | zvfs/floor | zvfs/ext4 | tensorstore (sharded) | cat shards | zvfs RSS MiB |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        for r in bench_local(work, args.runs, args.quick):
-            results.append(r)
-            print(fmt_local(r), flush=True)
-        print()
-    if "listing" in sections:
-        print("Listing, seconds (fresh mount each)")
-        print("| chunk files | mount | find | ls -lR | RSS MiB |")
-        print("|---|---|---|---|---|")
-        for r in bench_listing(work, args.runs, args.quick):
-            results.append(r)
-            print(f"| {r['files']} | {r['mount']:.3f} | {r['find']:.2f} | {r['ls -lR']:.2f} | {r['rss_mib']} |", flush=True)
-        print()
-    if "http" in sections:
-        print("Over HTTP (nginx on loopback), 64 KiB chunks: seconds, requests (nginx log), bytes / chunk bytes")
-        print("| readers | readahead | zvfs over HTTP | ext4 dir | requests | chunks per request | bytes ratio | RSS MiB |")
-        print("|---|---|---|---|---|---|---|---|")
-        for r in bench_http(work, args.runs, args.quick):
-            results.append(r)
-            print(f"| {r['readers']} | {r['readahead']} | {r['seconds']:.2f} | {r['ext4']:.3f} | {r['requests']:.0f} | "
-                  f"{r['files'] / max(1, r['requests']):.1f} | {r['bytes_ratio']:.3f} | {r['rss_mib']} |", flush=True)
-        print()
-    if "latency" in sections:
-        print("10 ms per request (delay proxy), 512 x 64 KiB over HTTP: 1 vs 16 readers, seconds")
-        print("| readahead | 1 reader | 16 readers | speed-up |")
-        print("|---|---|---|---|")
-        for r in bench_latency(work, args.runs, args.quick):
-            results.append(r)
-            print(f"| {r['readahead']} | {r['one']:.2f} | {r['sixteen']:.2f} | {r['one'] / r['sixteen']:.1f} |", flush=True)
-    if "views" in sections:
-        print("\nViews: reading every block/chunk file of a 1024-chunk array, blocks per second")
-        print("| array | view | blocks | blocks/s | vs zarr view |")
-        print("|---|---|---|---|---|")
-        rows = bench_views(work, args.runs, args.quick)
-        results += rows
+    print(f"zvfs benchmarks, medians of {args.runs} runs, {os.cpu_count()} cores")
+    for name, (title, header, bench, fmt) in SECTIONS.items():
+        if name not in sections:
+            continue
+        print(f"\n{title}\n| {' | '.join(header)} |\n|{'---|' * len(header)}", flush=True)
+        rows = bench(work, args.runs, args.quick)
         for r in rows:
-            base = next(x for x in rows if x["array"] == r["array"] and x["view"] == "zarr")
-            print(f"| {r['array']} | {r['view']} ({r['mode']}) | {r['blocks']} | {r['blocks'] / r['seconds']:.0f} | "
-                  f"{base['seconds'] / r['seconds']:.2f} |", flush=True)
+            print(fmt(r, rows), flush=True)
+        results += rows
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -30,6 +30,7 @@ from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..storage.gather import gather
 from .chunkref import ChunkRef
+from .jsonfile import parse_json_object
 
 log = logging.getLogger("zvfs.precomputed")
 
@@ -320,16 +321,6 @@ def morton_decode(codes: np.ndarray, bits) -> np.ndarray:
 # --------------------------------------------------------------------------- info files
 
 
-def parse_info(raw: bytes, where: str) -> dict:
-    try:
-        info = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise MetadataError(where, f"malformed JSON ({e})") from None
-    if not isinstance(info, dict):
-        raise MetadataError(where, "info is not a JSON object")
-    return info
-
-
 def check_name(name: Any, where: str, what: str) -> str:
     """A directory name taken from metadata: one path component, nothing that escapes."""
     if not isinstance(name, str) or not name or name in (".", "..") or "\0" in name or "/" in name.strip("/"):
@@ -472,7 +463,7 @@ class Dataset:
 
 async def _sub_info(store: Store, path: str, where: str) -> dict | None:
     raw = await store.read(f"{path}/{INFO}")
-    return None if raw is None else parse_info(raw, f"{where}/{path}/{INFO}")
+    return None if raw is None else parse_json_object(raw, f"{where}/{path}/{INFO}", "info")
 
 
 async def load_dataset(store: Store) -> Dataset:
@@ -481,7 +472,7 @@ async def load_dataset(store: Store) -> Dataset:
     raw = await store.read(INFO)
     if raw is None:
         raise MetadataError(where, "no info file at the root (not a precomputed dataset)")
-    info = parse_info(raw, f"{where}/{INFO}")
+    info = parse_json_object(raw, f"{where}/{INFO}", "info")
     sharded: dict[str, ShardedDir] = {}
     if info.get("@type") == "neuroglancer_annotations_v1":
         w = f"{where}/{INFO}"

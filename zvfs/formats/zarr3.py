@@ -29,6 +29,7 @@ from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..storage.gather import gather
 from .chunkref import ChunkRef
+from .jsonfile import parse_json_object
 
 log = logging.getLogger("zvfs.zarr3")
 
@@ -256,12 +257,7 @@ def parse_array(path: str, meta: dict, where: str) -> ArrayNode:
 
 
 def parse_node(path: str, raw: bytes, where: str) -> ArrayNode | GroupNode:
-    try:
-        meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise MetadataError(where, f"malformed JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise MetadataError(where, "metadata is not a JSON object")
+    meta = parse_json_object(raw, where)
     if meta.get("zarr_format") != 3:
         raise MetadataError(where, f"zarr_format must be 3, got {meta.get('zarr_format')!r}")
     kind = meta.get("node_type")
