@@ -12,7 +12,7 @@ from .errors import MetadataError
 from .formats import precomputed, zarr3, zvf
 from .options import MountOptions, storage_options
 from .storage import Store, open_store
-from .storage.cache import CoalescingCache
+from .storage.cache import CoalescingCache, decoded_size
 from .tree import Tree
 from .views.precomputed import PrecomputedView
 from .views.n5 import N5View
@@ -45,7 +45,7 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
             view = _view(source, opts, "zarr", ("zarr", "zarr2", "n5"))
             nodes = await zarr3.load_hierarchy(store)
             kind = "zvf" if zvf.is_zvf(nodes) else "zarr3"
-            decoded = CoalescingCache(opts.decoded_cache, len)
+            decoded = CoalescingCache(opts.decoded_cache, decoded_size)
             if view == "zarr":
                 zview = Zarr3View(store, nodes, cache)
                 if kind == "zvf":
@@ -56,7 +56,7 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
         if await store.read(precomputed.INFO) is not None:
             view = _view(source, opts, "precomputed", ("precomputed",))
             dataset = await precomputed.load_dataset(store)
-            decoded = CoalescingCache(opts.decoded_cache, len)
+            decoded = CoalescingCache(opts.decoded_cache, decoded_size)
             tree = PrecomputedView(store, dataset, cache, decoded).tree
             return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset)
         raise MetadataError(source, "not a recognised store (no zarr.json or precomputed info at its root)")

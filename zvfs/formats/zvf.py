@@ -20,6 +20,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from ..errors import CorruptShardError
+from ..storage.cache import CoalescingCache
 from .codecs import Chain
 from .zarr3 import ArrayNode, GroupNode, child_path
 
@@ -77,14 +78,27 @@ def find_levels(nodes: dict) -> list[ZvfLevel]:
     return out
 
 
-class ObjectReader:
-    """Object ids, manifests and vertex rows of one level, read through `read_cell`."""
+@dataclass(frozen=True, slots=True)
+class DecodedCell:
+    """A decoded chunk kept in the decoded-data cache, with the bytes it holds."""
 
-    def __init__(self, level: ZvfLevel, nodes: dict, codecs_of: Callable[[ArrayNode], list], read_cell: CellReader):
+    values: np.ndarray
+    nbytes: int
+
+
+class ObjectReader:
+    """Object ids, manifests and vertex rows of one level, read through `read_cell`.
+
+    Decoded cells (a manifests chunk holds 16384 objects) are kept in `cache`, so listing or
+    sizing many objects decodes each cell once."""
+
+    def __init__(self, level: ZvfLevel, nodes: dict, codecs_of: Callable[[ArrayNode], list], read_cell: CellReader,
+                 cache: CoalescingCache):
         self.level = level
         self.nodes = nodes
         self.codecs_of = codecs_of
         self.read_cell = read_cell
+        self.cache = cache
         self._ids: np.ndarray | None = None
 
     def _node(self, name: str) -> ArrayNode:
@@ -92,6 +106,10 @@ class ObjectReader:
 
     async def _cell(self, name: str, cell: tuple[int, ...]) -> np.ndarray | None:
         node = self._node(name)
+        found = await self.cache.get(("zvfcell", node.path, cell), lambda: self._decode_cell(node, cell))
+        return None if found is None else found.values
+
+    async def _decode_cell(self, node: ArrayNode, cell: tuple[int, ...]) -> DecodedCell | None:
         raw = await self.read_cell(node.path, cell)
         if raw is None:
             return None
@@ -100,9 +118,12 @@ class ObjectReader:
             raise CorruptShardError(node.path, "codecs not supported for ZVF objects")
         shape = node.plan.chunk_shape if node.plan else node.chunk_shape
         try:
-            return chain.decode(raw, node.meta["data_type"], shape).reshape(-1)
+            values = chain.decode(raw, node.meta["data_type"], shape).reshape(-1)
         except (ValueError, RuntimeError, TypeError) as e:
             raise CorruptShardError(node.path, f"chunk {cell} does not decode ({e})") from None
+        if values.dtype == object:
+            return DecodedCell(values, sum(len(v) for v in values) + 64 * len(values))
+        return DecodedCell(values, values.nbytes)
 
     async def ids(self) -> np.ndarray:
         """Object id of each manifest row (the row number itself without an id table)."""

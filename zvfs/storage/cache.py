@@ -33,6 +33,13 @@ def nbytes_of(value: Any) -> int:
     return 0 if value is None else value.nbytes
 
 
+def decoded_size(value: Any) -> int:
+    """Size of decoded data: bytes, or objects that know their `nbytes`."""
+    if value is None:
+        return 0
+    return len(value) if isinstance(value, (bytes, bytearray)) else value.nbytes
+
+
 class CoalescingCache:
     def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of):
         self.max_bytes = max_bytes

@@ -44,7 +44,7 @@ class ZvfObjects:
         level = self.levels.get(group_path)
         if level is None:
             return []
-        reader = ObjectReader(level, self.view.nodes, _codecs_of, self.read_cell)
+        reader = ObjectReader(level, self.view.nodes, _codecs_of, self.read_cell, self.decoded)
         return [(OBJECTS, self.view.tree.intern(("zvfobjects", group_path), lambda ino: ObjectsDir(ino, self, reader)))]
 
 
