@@ -59,7 +59,8 @@ def write_sharded(path: Path, shape, chunks, shards, dtype="uint8", seed=0) -> N
     rng = np.random.default_rng(seed)
     step = max(1, shape[0] // 16)
     for i in range(0, shape[0], step):
-        t[i:i + step] = rng.integers(1, 255, size=(min(step, shape[0] - i), *shape[1:]), dtype=dtype)
+        stop = min(i + step, shape[0])
+        t[i:stop] = rng.integers(1, 255, size=(stop - i, *shape[1:]), dtype=dtype)
 
 
 @contextmanager

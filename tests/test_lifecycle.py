@@ -109,3 +109,14 @@ def test_systemd_unit_template_is_valid(tmp_path):
     instance.write_text(unit.replace("%i", "brain").replace("%I", "brain"))
     r = subprocess.run(["systemd-analyze", "verify", str(instance)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+def test_chunk_files_can_be_mmapped(tmp_path):
+    """Readers that mmap chunk files work (no direct I/O on the mount)."""
+    import mmap
+
+    with zvfs_mount(SAMPLE, tmp_path / "mnt") as mnt:
+        chunk = mnt / "raw" / "0" / "c" / "1" / "2" / "3"
+        data = chunk.read_bytes()
+        with open(chunk, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            assert m[:] == data and len(data) == chunk.stat().st_size > 0

@@ -289,3 +289,30 @@ def test_remote_precomputed_mounts_show_the_local_trees(precomputed_sets, nginx,
         assert sorted(remote) == sorted(local), name
         differ = [p for p in local if remote[p] != local[p]]
         assert not differ, f"{name}: {len(differ)} files differ, e.g. {differ[:5]}"
+
+
+# --------------------------------------------------------------------------- ZVF
+
+
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_remote_zvf_mounts_show_the_local_trees(nginx, s3, srv, kind, tmp_path_factory):
+    """ZVF stores of several geometries (and a mixed sharded/unsharded pyramid), with their
+    objects/ directories, read the same from HTTP and S3 as from the local disk."""
+    import writers_zvf
+
+    for name in ("polylines", "points_oids", "mesh", "pyramid"):
+        parent = tmp_path_factory.mktemp(f"zvf-{kind}-{name}")
+        root, _ = writers_zvf.write_case(name, parent, sharded=True)
+        if kind == "http":
+            url, options = f"{nginx.url}/{serve(srv, f'zvf-{name}', parent)}/{root.name}", ()
+        else:
+            url, options = s3.upload(root, "zvf", name), (f"endpoint={s3.endpoint}",)
+        base = tmp_path_factory.mktemp(f"mnt-{kind}-{name}")
+        with zvfs_mount(root, base / "local", log=base / "local.log") as local_mnt:
+            local = tree(local_mnt)
+        with zvfs_mount(url, base / "mnt", log=base / "zvfs.log", options=options) as mnt:
+            remote = tree(mnt)
+        assert any("/objects/" in p for p in local), name
+        assert sorted(remote) == sorted(local), name
+        differ = [p for p in local if remote[p] != local[p]]
+        assert not differ, f"{name}: {len(differ)} files differ, e.g. {differ[:5]}"

@@ -86,3 +86,29 @@ async def test_backend_errors_are_not_cached():
     with pytest.raises(StorageError):
         await cache.get("k", flaky)
     assert await cache.get("k", flaky) == b"ok"
+
+
+def test_which_backend_faults_are_retried():
+    """Real exception objects of the backends: server errors, throttling and connection faults
+    are transient; permission errors and client errors are not."""
+    import aiohttp
+    from botocore.exceptions import ClientError, EndpointConnectionError
+    from yarl import URL
+
+    from zvfs.storage.remote import transient
+
+    def http(status):
+        info = aiohttp.RequestInfo(URL("http://h/k"), "GET", {}, URL("http://h/k"))
+        return aiohttp.ClientResponseError(info, (), status=status)
+
+    def s3(code, status):
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+    assert transient(http(503)) and transient(http(500)) and transient(http(429))
+    assert not transient(http(403)) and not transient(http(416))
+    assert transient(s3("SlowDown", 503)) and transient(s3("Throttling", 400)) and transient(s3("InternalError", 500))
+    assert not transient(s3("AccessDenied", 403)) and not transient(s3("InvalidRange", 416))
+    assert transient(aiohttp.ServerDisconnectedError()) and transient(aiohttp.ClientPayloadError("cut"))
+    assert transient(TimeoutError()) and transient(ConnectionResetError())
+    assert transient(EndpointConnectionError(endpoint_url="http://h"))
+    assert not transient(ValueError("bad"))

@@ -79,7 +79,7 @@ def _want(stores, writer, path) -> np.ndarray:
     return info.data
 
 
-@pytest.mark.parametrize("compression", ["raw", "gzip"])
+@pytest.mark.parametrize("compression", ["raw", "gzip", "zstd", "blosc"])
 @pytest.mark.parametrize("wa", WRITER_ARRAYS, ids=writer_array_id)
 def test_n5_view_reads_like_the_data_written(stores, view_mounts, wa, compression):
     writer, path = wa
@@ -190,3 +190,23 @@ def _walk_arrays(group, prefix=""):
             yield path, member
         else:
             yield from _walk_arrays(member, path + "/")
+
+
+def test_n5_keys_are_never_shadowed_by_attributes(tmp_path):
+    """User attributes named like N5's own keys neither replace them nor make a group look
+    like a dataset."""
+    import zarr
+
+    root = zarr.open_group(tmp_path / "s.zarr", mode="w", zarr_format=3,
+                           attributes={"n5": "9.9.9", "dimensions": [1], "keep": 1})
+    a = root.create_array("a", shape=(10, 6), chunks=(5, 3), shards=(10, 6), dtype="uint16", fill_value=0,
+                          attributes={"dimensions": [99], "dataType": "float64", "blockSize": [1], "compression": "x", "keep": 2})
+    a[...] = np.arange(60, dtype="uint16").reshape(10, 6)
+    with zvfs_mount(tmp_path / "s.zarr", tmp_path / "mnt", options=("view=n5",)) as mnt:
+        group = json.loads((mnt / "attributes.json").read_text())
+        dataset = json.loads((mnt / "a" / "attributes.json").read_text())
+        got = read_n5(mnt / "a")
+    assert group == {"n5": "2.0.0", "keep": 1}
+    assert dataset["dimensions"] == [6, 10] and dataset["dataType"] == "uint16" and dataset["blockSize"] == [3, 5]
+    assert dataset["compression"]["type"] == "raw" and dataset["keep"] == 2
+    assert np.array_equal(got, np.arange(60, dtype="uint16").reshape(10, 6))

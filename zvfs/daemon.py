@@ -139,7 +139,10 @@ async def _tune_connection(mountpoint: str, max_background: int) -> None:
         for name, value in (("max_background", max_background), ("congestion_threshold", max_background * 3 // 4)):
             with open(f"{conn}/{name}", "w") as f:
                 f.write(str(value))
-        log.debug("%s: max_background %d", conn, max_background)
+        # larger kernel read-ahead for big chunk files read through the page cache
+        with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb", "w") as f:
+            f.write("1024")
+        log.debug("%s: max_background %d, read_ahead_kb 1024", conn, max_background)
     except OSError as e:
         log.debug("cannot tune the FUSE connection: %s", e)
 
