@@ -112,3 +112,41 @@ def test_which_backend_faults_are_retried():
     assert transient(TimeoutError()) and transient(ConnectionResetError())
     assert transient(EndpointConnectionError(endpoint_url="http://h"))
     assert not transient(ValueError("bad"))
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+@settings(max_examples=300, deadline=None)
+@given(reads=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 5000), st.integers(1, 700),
+                                st.one_of(st.none(), st.integers(0, 6000))), min_size=1, max_size=60),
+       window=st.sampled_from([0, 256, 1024, 4096]), cache=st.sampled_from([300, 2048, 1 << 20]))
+def test_coalescing_store_returns_the_bytes_of_the_inner_store(reads, window, cache):
+    """Any sequence of reads (windows, extents, evictions) returns exactly the inner bytes, and
+    the block cache stays consistent and within its bound."""
+    import trio
+
+    from zvfs.storage.readahead import CoalescingStore
+
+    files = {k: bytes((i * 7 + len(k)) % 251 for i in range(5000)) for k in ("a", "b")}
+
+    class Inner:
+        display = "inner"
+
+        async def read(self, key, start=0, length=None, extent=None):
+            data = files.get(key)
+            if data is None:
+                return None
+            return data[start:] if length is None else data[start:start + length]
+
+    async def run():
+        store = CoalescingStore(Inner(), window=window, cache_bytes=cache)
+        for key, start, length, extent in reads:
+            got = await store.read(key, start, length, extent=extent)
+            assert got == files[key][start:start + length]
+            cached = sum(len(b.data) for blocks in store._blocks.values() for b in blocks)
+            assert cached == store._cached <= cache
+            assert sorted(store._lru) == sorted((k, b.start) for k, blocks in store._blocks.items() for b in blocks)
+
+    trio.run(run)

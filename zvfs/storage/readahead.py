@@ -71,16 +71,12 @@ class CoalescingStore(Store):
     def _store(self, key: str, start: int, data: bytes) -> None:
         if not data or len(data) > self.cache_bytes:
             return
-        blocks = self._blocks.setdefault(key, [])
-        starts = [b.start for b in blocks]
-        i = bisect.bisect_left(starts, start)
-        # keep blocks disjoint: drop any cached block the new one covers or overlaps
-        while i < len(blocks) and blocks[i].start < start + len(data):
-            self._drop(key, blocks[i])
-        if i > 0 and blocks[i - 1].end > start:
-            self._drop(key, blocks[i - 1])
-            i -= 1
-        blocks.insert(i, _Block(start, data))
+        # keep blocks disjoint: drop any cached block the new one overlaps
+        end = start + len(data)
+        for old in [b for b in self._blocks.get(key, ()) if b.start < end and b.end > start]:
+            self._drop(key, old)
+        blocks = self._blocks.setdefault(key, [])  # (dropping may have removed the key's list)
+        blocks.insert(bisect.bisect_left([b.start for b in blocks], start), _Block(start, data))
         self._lru[(key, start)] = len(data)
         self._cached += len(data)
         while self._cached > self.cache_bytes:
