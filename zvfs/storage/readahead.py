@@ -62,11 +62,12 @@ class CoalescingStore(Store):
         self._lru.move_to_end((key, b.start))
         return b.data[start - b.start : end - b.start]
 
-    def _next_cached(self, key: str, start: int) -> int | None:
-        """Start of the first cached block after `start` (a fetch stops there)."""
-        blocks = self._blocks.get(key) or []
-        i = bisect.bisect_right([b.start for b in blocks], start)
-        return blocks[i].start if i < len(blocks) else None
+    def _next_held(self, key: str, start: int) -> int | None:
+        """Where the first byte after `start` that is cached or being fetched begins: a new
+        window stops there, so concurrent walkers of one shard never fetch a byte twice."""
+        starts = [b.start for b in self._blocks.get(key, ()) if b.start > start]
+        starts += [s for s, _, _ in self._inflight.get(key, ()) if s > start]
+        return min(starts, default=None)
 
     def _store(self, key: str, start: int, data: bytes) -> None:
         if not data or len(data) > self.cache_bytes:
@@ -108,7 +109,7 @@ class CoalescingStore(Store):
         if len(self._reads) > 4096:
             self._reads.pop(next(iter(self._reads)))
         want = max(end, extent or end, start + self.window if seen else end)
-        stop = self._next_cached(key, start)
+        stop = self._next_held(key, start)
         if stop is not None and stop >= end:
             want = min(want, stop)
         if want == end and extent is None and not seen:
