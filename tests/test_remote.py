@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 import writers
-import zvfs
 from conftest import WRITER_ARRAYS, writer_array_id, zvfs_mount
 from servers import S3, Nginx
 from test_zarr_conformance import NOT_READABLE, READ, READERS, assert_same_array

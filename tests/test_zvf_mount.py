@@ -313,7 +313,7 @@ def read_one_object(geometry: str, store: Path, level: int, oid: int) -> np.ndar
 @pytest.mark.parametrize("name", ALL)
 def test_tree_equals_unsharded_twin(zvf, name):
     orig, twin = zvf.pair(name)
-    mnt = zvf.mount(name)
+    zvf.mount(name)
     assert not any(OBJECTS in dirs for _, dirs, _ in os.walk(twin)), "the twin itself has objects/ directories"
     _, got, sizes = zvf.mount_tree(name)
     compare_trees(got, sizes, expected_tree(orig, twin), f"{name}: mount vs unsharded twin")
