@@ -41,8 +41,9 @@ def n5_compression(codec) -> dict:
         return {"type": "zstd", "level": conf.get("level", 0)}
     if name == "blosc":
         shuffle = conf.get("shuffle", "noshuffle")
+        # no "nthreads": tensorstore refuses it, and N5's Java reader defaults it
         return {"type": "blosc", "cname": conf.get("cname", "lz4"), "clevel": conf.get("clevel", 5),
-                "shuffle": BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": conf.get("blocksize", 0), "nthreads": 1}
+                "shuffle": BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": conf.get("blocksize", 0)}
     return {"type": "raw"}
 
 
