@@ -482,9 +482,7 @@ class ShardedArray:
     async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]:
         """Chunk tables of the shards that can hold chunks with `fixed` grid coordinates
         (axis -> coordinate)."""
-        ranges = [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)
-                  for a, (p, g) in enumerate(zip(self.per_shard, self.shard_grid))]
-        return await gather(lambda shard=shard: self.chunks_in_shard(shard) for shard in itertools.product(*ranges))
+        return await gather(lambda shard=shard: self.chunks_in_shard(shard) for shard in self.shards(fixed))
 
     async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int) -> list[tuple]:
         """(grid coords, absolute offsets, lengths) of the innermost chunks below one index."""
@@ -511,10 +509,12 @@ class ShardedArray:
                 continue
         return out
 
-    def shards_touching(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-        """Shards that can hold chunks whose leading grid coordinates are `prefix`."""
-        ranges = [range(p // s, p // s + 1) for p, s in zip(prefix, self.per_shard)]
-        ranges += [range(g) for g in self.shard_grid[len(prefix):]]
+    def shards(self, fixed: dict[int, int] | None = None) -> Iterator[tuple[int, ...]]:
+        """Shard coordinates that can hold chunks with the `fixed` grid coordinates (axis ->
+        coordinate); all shards when nothing is fixed."""
+        fixed = fixed or {}
+        ranges = [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)
+                  for a, (p, g) in enumerate(zip(self.per_shard, self.shard_grid))]
         return itertools.product(*ranges)
 
 
