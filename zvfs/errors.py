@@ -28,6 +28,16 @@ class CorruptShardError(ZvfsError):
         self.problem = problem
 
 
+class ShardChanged(ZvfsError):
+    """A key's bytes are no longer the version a read expected (rewritten, replaced, truncated
+    or deleted while mounted). Never cached: the caller drops what it derived from the old
+    version (shard index, chunk table) and either reads the new version or answers EIO."""
+
+    def __init__(self, key: str, problem: str = "changed while mounted"):
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+
+
 class StorageError(ZvfsError):
     """The backend failed to deliver bytes (I/O error, network fault after retries)."""
 

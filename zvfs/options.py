@@ -47,6 +47,7 @@ OWN = {
     "region": ("region", "str", "s3://: the bucket's region"),
     "profile": ("profile", "str", "s3://: the credentials profile to use (~/.aws)"),
     "anon": ("anon", "flag", "s3:// and gs://: anonymous access (public buckets)"),
+    "follow_symlinks": ("follow_symlinks", "flag", "local stores: follow symlinks that lead outside the store (trusted stores only)"),
 }
 
 
@@ -72,6 +73,7 @@ class MountOptions:
     region: str | None = None
     profile: str | None = None
     anon: bool = False
+    follow_symlinks: bool = False
     ignored: list[str] = field(default_factory=list)
 
 

@@ -37,7 +37,8 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
     opts = opts or MountOptions()
     protocol = source.split("://", 1)[0] if "://" in source else "file"
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts),
-                       readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline)
+                       readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
+                       follow_symlinks=opts.follow_symlinks)
     source = store.display  # from here on, only the redacted form is ever shown
     cache = CoalescingCache(opts.index_cache)
     try:

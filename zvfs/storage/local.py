@@ -18,7 +18,7 @@ from .base import Entry, Store
 
 
 class LocalStore(Store):
-    def __init__(self, root: str, max_open_files: int = 256):
+    def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
         self.root = os.path.abspath(root)
         self.display = self.root
         self._fds: OrderedDict[str, int] = OrderedDict()

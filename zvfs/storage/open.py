@@ -23,7 +23,8 @@ def redact(source: str) -> str:
 
 
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
-               readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0) -> Store:
+               readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0,
+               follow_symlinks: bool = False) -> Store:
     """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
     `deadline` seconds and read coalescing (`readahead` bytes per window, 0 to disable) over a
     `block_cache`-byte cache."""
@@ -33,7 +34,7 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
             raise MetadataError(source, "no such file or directory")
         if not os.path.isdir(path):
             raise MetadataError(source, "not a directory")
-        return LocalStore(path)
+        return LocalStore(path, follow_symlinks=follow_symlinks)
     import fsspec
 
     try:
