@@ -47,9 +47,10 @@ class Request:
 class Nginx:
     """nginx serving `root` with directory listings; `requests()` reads its access log."""
 
-    def __init__(self, root: Path, workdir: Path):
+    def __init__(self, root: Path, workdir: Path, autoindex: bool = True):
         self.root = Path(root)
         self.workdir = Path(workdir)
+        self.autoindex = autoindex
         self.port = free_port()
         self.log = self.workdir / "access.log"
         self.proc: subprocess.Popen | None = None
@@ -76,7 +77,7 @@ http {{
     listen 127.0.0.1:{self.port};
     access_log {self.log} zv;
     root {self.root};
-    autoindex on;
+    autoindex {'on' if self.autoindex else 'off'};
     keepalive_requests 100000;
   }}
 }}

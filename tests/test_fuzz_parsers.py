@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from zvfs.errors import CorruptShardError
 from zvfs.formats import precomputed, zarr3
 from zvfs.formats.zvf import ObjectReader, ZvfLevel
-from zvfs.storage.base import Entry, Store
+from zvfs.storage.base import Entry, Store, Version
 from zvfs.storage.cache import CoalescingCache
 
 SETTINGS = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -33,13 +33,20 @@ class MemoryStore(Store):
     def __init__(self, files: dict[str, bytes]):
         self.files = files
 
-    async def read(self, key, start=0, length=None, extent=None):
+    async def read(self, key, start=0, length=None, extent=None, expect=None):
         data = self.files.get(key)
         if data is None:
             return None
         if start < 0:
             return data[start:]
         return data[start:] if length is None else data[start:start + length]
+
+    async def read_version(self, key, start=0, length=None):
+        data = await self.read(key, start, length)
+        return data, None if data is None else Version(len(self.files[key]), ())
+
+    async def current(self, key):
+        return None if key not in self.files else Version(len(self.files[key]), ())
 
     async def size(self, key):
         return len(self.files[key]) if key in self.files else None

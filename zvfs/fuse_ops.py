@@ -1,28 +1,62 @@
 """The pyfuse3 front: maps kernel requests onto the virtual tree, and nothing else.
 
-The data is immutable, so entries and attributes get long timeouts and pages are kept in the
-kernel cache (`keep_cache`). Every handler turns failures into an errno: a corrupt shard or a
-backend fault is EIO for that one request, and the daemon never dies from its input.
-`flush` and the xattr handlers are deliberately left out (measured: each costs a round trip
-per file, and ENOSYS makes the kernel stop asking).
+Entries and attributes get long timeouts and pages are kept in the kernel cache
+(`keep_cache`): stores are read as immutable. What changes anyway (a shard rewritten or
+replaced while mounted) is noticed when a chunk file is opened (`File.revalidate`: one stat
+locally) or by a read whose shard no longer has the expected version; the kernel's cached
+size and pages of that file are then invalidated before anything is read, so a reader gets
+the chunk as it was or as it is, or EIO, never bytes of another chunk.
+
+Every handler turns failures into an errno: a corrupt shard or a backend fault is EIO for that
+one request, and the daemon never dies from its input. `flush` and the xattr handlers are
+deliberately left out (measured: each costs a round trip per file, and ENOSYS makes the kernel
+stop asking). Live counters and `zvfs refresh` go through two hidden files at the mount root
+(`.zvfs.stats`, `.zvfs.refresh`), found by name only: never listed, so `find`, `cp -r` and
+`ls -a` never see them.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import stat
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import pyfuse3
+import trio
 
-from .errors import CorruptShardError, StorageError
-from .tree import Dir, File, Node, Tree
+from .errors import CorruptShardError, ShardChanged, StorageError
+from .tree import ROOT_INO, Dir, File, Node, Tree
 
 log = logging.getLogger("zvfs.fuse")
 
 TIMEOUT = 24 * 3600.0  # seconds the kernel may cache entries and attributes
+STATS_FILE, REFRESH_FILE = ".zvfs.stats", ".zvfs.refresh"
+#: inode numbers of the control files: the top of the inode space, never used by the tree
+CONTROL_INOS = {STATS_FILE: 2**63 - 2, REFRESH_FILE: 2**63 - 1}
+
+
+@dataclass
+class Counters:
+    """What the FUSE front itself counts; `zvfs stats` adds the store's and the caches'."""
+
+    files_read: int = 0  # files opened for reading
+    bytes_served: int = 0
+    eio: int = 0  # errors answered as EIO
+    changed: int = 0  # chunk files found changed at open (shard rewritten or replaced)
+
+
+@dataclass
+class Control:
+    """The mount's live figures and its refresh, as the FUSE front reaches them."""
+
+    stats: Callable[[], dict] = dict
+    refresh: Callable[[], None] = lambda: None
+    counters: Counters = field(default_factory=Counters)
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -30,7 +64,7 @@ def _errno_of(exc: BaseException) -> int:
         return exc.errno
     if isinstance(exc, CorruptShardError):
         return errno.EIO  # logged where the shard was found bad
-    if isinstance(exc, StorageError):
+    if isinstance(exc, (StorageError, ShardChanged)):
         log.error("%s", exc)
         return errno.EIO
     log.exception("internal error")
@@ -46,22 +80,44 @@ def guarded(handler):
         except pyfuse3.FUSEError:
             raise
         except Exception as e:  # noqa: BLE001 - the daemon must outlive any input
-            raise pyfuse3.FUSEError(_errno_of(e)) from None
+            raise pyfuse3.FUSEError(self._fail(e)) from None
 
     wrapper.__name__ = handler.__name__
     wrapper.__doc__ = handler.__doc__
     return wrapper
 
 
+class _Handle:
+    """An open file: the node, and whether any bytes were served from it yet."""
+
+    __slots__ = ("node", "served")
+
+    def __init__(self, node: File):
+        self.node = node
+        self.served = False
+
+
 class ZvfsOperations(pyfuse3.Operations):
-    def __init__(self, tree: Tree):
+    def __init__(self, tree: Tree, control: Control | None = None, root_mode: int | None = None):
         super().__init__()
         self.tree = tree
+        self.control = control or Control()
+        self.counters = self.control.counters
         self.uid = os.getuid()
         self.gid = os.getgid()
         self.stamp_ns = time.time_ns()
-        self._open: dict[int, File] = {}  # file handle -> node: reads need no lookup
+        #: permission bits no node may exceed: the store root's read and search bits (local
+        #: stores), so a store closed to others stays closed through an allow_other mount
+        self.mask = 0o555 if root_mode is None else root_mode & 0o555
+        self._open: dict[int, _Handle] = {}  # file handle -> open file: reads need no lookup
+        self._dirs: dict[int, tuple[Dir, list[tuple[str, Node]] | None]] = {}  # dir handle -> listing
         self._next_fh = 1
+
+    def _fail(self, e: BaseException) -> int:
+        code = _errno_of(e)
+        if code == errno.EIO:
+            self.counters.eio += 1
+        return code
 
     async def _node(self, ino: int) -> Node:
         node = await self.tree.node(ino)
@@ -76,13 +132,15 @@ class ZvfsOperations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
         a.attr_timeout = TIMEOUT
+        mode, mtime = node.stamp()
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | 0o555
+            a.st_mode = stat.S_IFDIR | (self.mask if mode is None else mode & self.mask)
             a.st_nlink = 2
             a.st_size = 0
         else:
             assert isinstance(node, File)
-            a.st_mode = stat.S_IFREG | 0o444
+            # never a write or exec bit; never wider than the store's own bits
+            a.st_mode = stat.S_IFREG | (self.mask & 0o444 if mode is None else mode & self.mask & 0o444)
             a.st_nlink = 1
             size = node.known_size() if listing else await node.size()
             if size is None:
@@ -92,17 +150,31 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_gid = self.gid
         a.st_blksize = 1 << 20
         a.st_blocks = (a.st_size + 511) // 512
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if mtime is None else int(mtime * 1e9)
         a.entry_timeout = TIMEOUT
         a.generation = 0
         return a
 
+    def _control_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
+        """A control file: size 0 and no caching; read with direct I/O to its end."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = stat.S_IFREG | 0o444
+        a.st_nlink = 1
+        a.st_uid, a.st_gid = self.uid, self.gid
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = time.time_ns()
+        a.entry_timeout = a.attr_timeout = 0
+        return a
+
     @guarded
     async def lookup(self, parent_inode, name, ctx=None):
+        name = os.fsdecode(name)
+        if parent_inode == ROOT_INO and name in CONTROL_INOS:
+            return self._control_attrs(CONTROL_INOS[name])
         parent = await self._node(parent_inode)
         if not parent.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        node = await parent.lookup(os.fsdecode(name))  # type: ignore[union-attr]
+        node = await parent.lookup(name)  # type: ignore[union-attr]
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         self.tree.remember(node)
@@ -110,6 +182,8 @@ class ZvfsOperations(pyfuse3.Operations):
 
     @guarded
     async def getattr(self, inode, ctx=None):
+        if inode in CONTROL_INOS.values():
+            return self._control_attrs(inode)
         return await self._attrs(await self._node(inode))
 
     async def forget(self, inode_list):
@@ -117,15 +191,22 @@ class ZvfsOperations(pyfuse3.Operations):
 
     @guarded
     async def opendir(self, inode, ctx):
-        if not (await self._node(inode)).is_dir:
+        node = await self._node(inode)
+        if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return inode
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self._dirs[fh] = (node, None)  # type: ignore[assignment]
+        return fh
 
     @guarded
     async def readdir(self, fh, start_id, token):
-        node = await self._node(fh)
-        assert isinstance(node, Dir)
-        entries = await node.entries()
+        """The kernel asks for a large directory in pieces (about a page of entries each):
+        the entries are built once per open directory handle and served by offset, so a
+        listing costs linear time, not one rebuild per piece."""
+        node, entries = self._dirs[fh]
+        if entries is None:
+            entries = await node.entries()
+            self._dirs[fh] = (node, entries)
         for i in range(start_id, len(entries)):
             name, child = entries[i]
             if not pyfuse3.readdir_reply(token, os.fsencode(name), await self._attrs(child, listing=True), i + 1):
@@ -133,7 +214,7 @@ class ZvfsOperations(pyfuse3.Operations):
             self.tree.remember(child)
 
     async def releasedir(self, fh):
-        pass
+        self._dirs.pop(fh, None)
 
     async def open(self, inode, flags, ctx):
         """Hot path (once per file): no decorator frame, the node usually comes from the
@@ -141,30 +222,112 @@ class ZvfsOperations(pyfuse3.Operations):
         mmap of a direct-I/O FUSE file fails (ENODEV), and readers that mmap chunks must work."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             raise pyfuse3.FUSEError(errno.EROFS)
+        if inode in CONTROL_INOS.values():
+            return self._open_control(inode)
         try:
             node = await self._node(inode)
+            if node.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            file, changed = await node.revalidate()  # type: ignore[union-attr]
+            if file is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if changed:
+                await self._forget_cached(inode)
         except pyfuse3.FUSEError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise pyfuse3.FUSEError(_errno_of(e)) from None
-        if node.is_dir:
-            raise pyfuse3.FUSEError(errno.EISDIR)
+            raise pyfuse3.FUSEError(self._fail(e)) from None
         fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._open[fh] = node  # type: ignore[assignment]
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        self._open[fh] = _Handle(file)
+        self.counters.files_read += 1
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not changed)
+
+    async def _forget_cached(self, inode: int) -> None:
+        """The kernel holds the size and pages of an old version of this file: drop them before
+        the open returns. (From a worker thread: the notification is a blocking write to
+        /dev/fuse, and the event loop must stay free to answer whatever the kernel does
+        meanwhile.)"""
+        self.counters.changed += 1
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, False)
+        except OSError as e:
+            log.debug("cannot invalidate inode %d: %s", inode, e)
 
     async def read(self, fh, off, size):
         """Hot path: no decorator frame."""
-        node = self._open.get(fh)
-        if node is None:
+        handle = self._open.get(fh)
+        if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         try:
-            return await node.read(off, size)
+            data = await handle.node.read(off, size)
+        except ShardChanged as e:
+            data = await self._reread(handle, off, size, e)
         except Exception as e:  # noqa: BLE001 - the daemon must outlive any input
-            raise pyfuse3.FUSEError(_errno_of(e)) from None
+            raise pyfuse3.FUSEError(self._fail(e)) from None
+        handle.served = True
+        self.counters.bytes_served += len(data)
+        return data
+
+    async def _reread(self, handle: _Handle, off: int, size: int, e: ShardChanged) -> bytes:
+        """The shard changed under an open file (noticed by the read itself: a remote object
+        replaced, a local one rewritten in place). A handle that has served nothing yet may
+        switch to the new version when the file keeps its size (the kernel's idea of it);
+        otherwise the read is EIO, and the kernel's cached size and pages are dropped so the
+        next open sees the new file."""
+        node = handle.node
+        try:
+            size_before = node.known_size()
+            file, _ = await node.revalidate()
+            if file is not None and not handle.served and size_before is not None and file.known_size() == size_before:
+                return await file.read(off, size)
+        except Exception as again:  # noqa: BLE001
+            raise pyfuse3.FUSEError(self._fail(again)) from None
+        await self._forget_cached(node.ino)
+        raise pyfuse3.FUSEError(self._fail(e))
 
     async def release(self, fh):
         self._open.pop(fh, None)
+
+    # -- control files
+
+    def _open_control(self, inode: int) -> pyfuse3.FileInfo:
+        if inode == CONTROL_INOS[REFRESH_FILE]:
+            self.refresh()
+            content = {"refreshed": True}
+        else:
+            content = {**self.control.stats(), **{k: v for k, v in vars(self.counters).items()}}
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self._open[fh] = _Handle(_Snapshot(inode, (json.dumps(content, indent=2) + "\n").encode()))
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+
+    def refresh(self) -> None:
+        """`zvfs refresh`: drop every cache, forget listings, and make the kernel look
+        everything up again (its entries under the root are invalidated, which prunes the
+        whole cached tree below them)."""
+        self.control.refresh()
+        self.tree.forget_listings()
+        trio.lowlevel.spawn_system_task(self._invalidate_root)
+
+    async def _invalidate_root(self) -> None:
+        try:
+            names = [name for name, _ in await self.tree.root.entries()]  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001
+            log.warning("refresh: cannot list the root: %s", e)
+            names = []
+
+        def invalidate() -> None:
+            for name in names:
+                try:
+                    pyfuse3.invalidate_entry(ROOT_INO, os.fsencode(name))
+                except OSError:
+                    pass
+            try:
+                pyfuse3.invalidate_inode(ROOT_INO, False)
+            except OSError:
+                pass
+
+        await trio.to_thread.run_sync(invalidate)
+        log.info("refreshed: caches dropped, %d root entries invalidated", len(names))
 
     async def statfs(self, ctx):
         s = pyfuse3.StatvfsData()
@@ -177,3 +340,19 @@ class ZvfsOperations(pyfuse3.Operations):
 
     setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = write = create = _read_only
     setxattr = removexattr = _read_only
+
+
+class _Snapshot(File):
+    """What a control file said when it was opened."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, ino: int, data: bytes):
+        super().__init__(ino)
+        self.data = data
+
+    def known_size(self) -> int | None:
+        return len(self.data)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset:offset + size]

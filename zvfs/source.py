@@ -6,12 +6,16 @@ kernel on top.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from importlib.metadata import version
 from .errors import MetadataError
 from .formats import precomputed, zarr3, zvf
 from .options import MountOptions, storage_options
+from .fuse_ops import Control
 from .storage import Store, open_store
+from .storage.local import LocalStore
 from .storage.cache import CoalescingCache, decoded_size
 from .tree import Tree
 from .views.precomputed import PrecomputedView
@@ -31,6 +35,40 @@ class OpenSource:
     zarr_nodes: dict | None = None
     dataset: precomputed.Dataset | None = None
     absent: dict | None = None  # arrays the view cannot express -> why
+    decoded: CoalescingCache | None = None
+
+    @property
+    def root_mode(self) -> int | None:
+        """Permission bits of a local store's root directory (None for remote stores): no node
+        of the mount is shown with wider ones."""
+        return os.stat(self.store.root).st_mode & 0o777 if isinstance(self.store, LocalStore) else None
+
+    def caches(self) -> dict[str, CoalescingCache]:
+        return {"index": self.cache, **({"decoded": self.decoded} if self.decoded is not None else {})}
+
+    def stats(self) -> dict:
+        """Live figures of the store and the caches (`zvfs stats`)."""
+        out = {"zvfs_version": version("zvfs"), "source": self.store.display, "view": self.view,
+               "backend_requests": 0, "backend_bytes": 0, "retries": 0, "caches": {}}
+        layer: Store | None = self.store
+        while layer is not None:  # the store and the layers it wraps (read coalescing)
+            for name, attr in (("backend_requests", "requests"), ("backend_bytes", "bytes"), ("retries", "retries")):
+                out[name] = max(out[name], getattr(layer, attr, 0) or 0)
+            block = getattr(layer, "cache_stats", None)
+            if block is not None:
+                out["caches"]["block"] = block()
+            layer = getattr(layer, "inner", None)
+        for name, cache in self.caches().items():
+            out["caches"][name] = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.nbytes}
+        return out
+
+    def refresh(self) -> None:
+        """`zvfs refresh`: forget every derived cache; indexes and listings are read again."""
+        for cache in self.caches().values():
+            cache.clear()
+
+    def control(self) -> Control:
+        return Control(stats=self.stats, refresh=self.refresh)
 
 
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
@@ -51,15 +89,15 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
                 zview = Zarr3View(store, nodes, cache)
                 if kind == "zvf":
                     ZvfObjects(zview, decoded)
-                return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes)
+                return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes, decoded=decoded)
             legacy = Zarr2View(store, nodes, cache, decoded) if view == "zarr2" else N5View(store, nodes, cache, decoded, opts.n5_compression)
-            return OpenSource(store, kind, view, legacy.tree, cache, zarr_nodes=nodes, absent=legacy.absent)
+            return OpenSource(store, kind, view, legacy.tree, cache, zarr_nodes=nodes, absent=legacy.absent, decoded=decoded)
         if await store.read(precomputed.INFO) is not None:
             view = _view(source, opts, "precomputed", ("precomputed",))
             dataset = await precomputed.load_dataset(store)
             decoded = CoalescingCache(opts.decoded_cache, decoded_size)
             tree = PrecomputedView(store, dataset, cache, decoded).tree
-            return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset)
+            return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset, decoded=decoded)
         raise MetadataError(source, "not a recognised store (no zarr.json or precomputed info at its root)")
     except BaseException:
         await store.aclose()

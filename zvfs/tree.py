@@ -17,11 +17,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict
-from typing import Callable, Hashable, Iterable
+from typing import Awaitable, Callable, Hashable, Iterable
 
 from .errors import CorruptShardError
 from .formats.chunkref import ChunkRef
-from .storage.base import Store
+from .storage.base import Entry, Store, Version
 from .storage.cache import CoalescingCache
 
 ROOT_INO = 1
@@ -35,9 +35,25 @@ class Node:
     def __init__(self, ino: int):
         self.ino = ino
 
+    def stamp(self) -> tuple[int | None, float | None]:
+        """(permission bits, mtime) of what the node shows, where the store says; None for
+        either means the mount's defaults (read-only bits, the mount time)."""
+        return None, None
+
 
 class File(Node):
-    __slots__ = ()
+    __slots__ = ("relocate",)
+
+    def __init__(self, ino: int):
+        super().__init__(ino)
+        #: set on chunk files: finds the chunk's bytes again (after its shard changed)
+        self.relocate: Callable[[], Awaitable[ChunkRef | None]] | None = None
+
+    async def revalidate(self) -> tuple["File | None", bool]:
+        """Called when the file is opened: (the file, whether its bytes changed since the
+        kernel last saw it), or (None, _) if it is gone. Files of immutable data are as they
+        were."""
+        return self, False
 
     async def size(self) -> int:
         raise NotImplementedError
@@ -98,16 +114,31 @@ class RangeFile(File):
         self.ref = ref
         self.decoded = decoded
 
+    def stamp(self) -> tuple[int | None, float | None]:
+        v = self.ref.version
+        return (None, None) if v is None else (v.mode, v.mtime)
+
+    async def revalidate(self) -> tuple[File | None, bool]:
+        if self.relocate is None:
+            return self, False
+        ref = await self.relocate()
+        if ref is None:
+            return None, True
+        changed = ref != self.ref
+        self.ref = ref
+        return self, changed
+
     async def _decode(self) -> bytes:
         ref = self.ref
         assert ref.decode is not None and self.decoded is not None
 
         async def load() -> bytes:
-            raw = await self.store.read(ref.key, ref.offset, ref.length)
+            raw = await self.store.read(ref.key, ref.offset, ref.length, expect=ref.version)
             _check_length(ref, raw)
             return ref.decode(raw)  # type: ignore[misc]
 
-        return await self.decoded.get((ref.key, ref.offset), load)
+        tag = None if ref.version is None else ref.version.tag
+        return await self.decoded.get((ref.key, tag, ref.offset), load)
 
     async def size(self) -> int:
         if self.ref.decode is not None:
@@ -124,12 +155,14 @@ class RangeFile(File):
         size = max(0, min(size, ref.length - offset))
         if size == 0:
             return b""
-        data = await self.store.read(ref.key, ref.offset + offset, size, extent=ref.offset + ref.length)
+        data = await self.store.read(ref.key, ref.offset + offset, size, extent=ref.offset + ref.length, expect=ref.version)
         _check_length(ref, data, size)
         return data
 
 
 def _check_length(ref: ChunkRef, data: bytes | None, expected: int | None = None) -> None:
+    """A chunk's bytes must be exactly as long as its index entry says: anything shorter is a
+    truncated shard (EIO for its files, one log line), never short data."""
     expected = ref.length if expected is None else expected
     if data is None or len(data) != expected:
         got = "nothing" if data is None else f"{len(data)} bytes"
@@ -137,15 +170,33 @@ def _check_length(ref: ChunkRef, data: bytes | None, expected: int | None = None
 
 
 class PassFile(File):
-    """A store key shown as it is."""
+    """A store key shown as it is. At open it takes the key's current version (a replaced or
+    rewritten file shows its new size) and reads expect that version."""
 
-    __slots__ = ("store", "key", "_size")
+    __slots__ = ("store", "key", "_size", "version", "entry")
 
-    def __init__(self, ino: int, store: Store, key: str, size: int | None):
+    def __init__(self, ino: int, store: Store, key: str, entry: Entry | None):
         super().__init__(ino)
         self.store = store
         self.key = key
-        self._size = size
+        self.entry = entry
+        self._size = None if entry is None else entry.size
+        self.version: Version | None = None
+
+    def stamp(self) -> tuple[int | None, float | None]:
+        if self.version is not None:
+            return self.version.mode, self.version.mtime
+        return (None, None) if self.entry is None else (self.entry.mode, self.entry.mtime)
+
+    async def revalidate(self) -> tuple[File | None, bool]:
+        now = await self.store.current(self.key)
+        if now is None:
+            if self.version is None:  # nothing known yet (remote): as listed
+                return self, False
+            return None, True
+        changed = self.version is not None and not now.same(self.version) or now.size != self._size
+        self.version, self._size = now, now.size
+        return self, changed
 
     async def size(self) -> int:
         if self._size is None:  # the listing did not say (HTTP): ask once
@@ -157,7 +208,12 @@ class PassFile(File):
 
     async def read(self, offset: int, size: int) -> bytes:
         size = max(0, min(size, await self.size() - offset))
-        return await self.store.read(self.key, offset, size) if size else b""
+        if not size:
+            return b""
+        data = await self.store.read(self.key, offset, size, expect=self.version)
+        if data is None or len(data) != size:
+            raise CorruptShardError(self.key, f"expected {size} bytes at offset {offset}, got {0 if data is None else len(data)}")
+        return data
 
 
 class ListedDir(Dir):
@@ -174,6 +230,10 @@ class ListedDir(Dir):
     async def list_children(self) -> Iterable[tuple[str, Node]]:
         raise NotImplementedError
 
+    def forget(self) -> None:
+        """Drop the listing (`zvfs refresh`): the next one asks the store again."""
+        self._entries, self._by_name = None, {}
+
     async def entries(self) -> list[tuple[str, Node]]:
         if self._entries is None:
             self._entries = sorted(await self.list_children(), key=lambda e: e[0])
@@ -188,27 +248,31 @@ class ListedDir(Dir):
 class PassDir(ListedDir):
     """A store "directory" shown as it is."""
 
-    __slots__ = ("tree", "store", "prefix")
+    __slots__ = ("tree", "store", "prefix", "entry")
 
-    def __init__(self, ino: int, tree: "Tree", store: Store, prefix: str):
+    def __init__(self, ino: int, tree: "Tree", store: Store, prefix: str, entry: Entry | None = None):
         super().__init__(ino)
         self.tree = tree
         self.store = store
         self.prefix = prefix
+        self.entry = entry
+
+    def stamp(self) -> tuple[int | None, float | None]:
+        return (None, None) if self.entry is None else (self.entry.mode, self.entry.mtime)
 
     async def list_children(self) -> Iterable[tuple[str, Node]]:
         out = []
         for e in await self.store.list(self.prefix) or []:
             key = f"{self.prefix}/{e.name}" if self.prefix else e.name
-            out.append((e.name, pass_node(self.tree, self.store, key, e.is_dir, e.size)))
+            out.append((e.name, pass_node(self.tree, self.store, key, e)))
         return out
 
 
-def pass_node(tree: "Tree", store: Store, key: str, is_dir: bool, size: int | None) -> Node:
+def pass_node(tree: "Tree", store: Store, key: str, entry: Entry) -> Node:
     """The interned pass-through node for a store key."""
-    if is_dir:
-        return tree.intern(("pass", id(store), key), lambda ino: PassDir(ino, tree, store, key))
-    return tree.intern(("pass", id(store), key), lambda ino: PassFile(ino, store, key, size))
+    if entry.is_dir:
+        return tree.intern(("pass", id(store), key), lambda ino: PassDir(ino, tree, store, key, entry))
+    return tree.intern(("pass", id(store), key), lambda ino: PassFile(ino, store, key, entry))
 
 
 class InodeRange:
@@ -256,6 +320,14 @@ class Tree:
         self._range_starts.append(start)
         self._ranges.append(block)
         return start
+
+    def forget_listings(self) -> None:
+        """`zvfs refresh`: every directory lists its store again, computed nodes are rebuilt."""
+        self._recent.clear()
+        for node in self._nodes.values():
+            forget = getattr(node, "forget", None)
+            if forget is not None:
+                forget()
 
     def remember(self, node: Node) -> None:
         if node.ino in self._nodes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..storage.base import Version
+
 
 @dataclass(frozen=True, slots=True)
 class ChunkRef:
@@ -12,9 +14,12 @@ class ChunkRef:
 
     `decode` is None for pass-through chunks (the common case: the bytes of the inner chunk are
     exactly the bytes of the unsharded chunk file, and the file size is `length`).
+    `version` is the version of `key` the range was taken from (from its shard index): reads
+    expect it, so a range is never read from a rewritten shard.
     """
 
     key: str
     offset: int
     length: int
     decode: Callable[[bytes], bytes] | None = None
+    version: Version | None = None

@@ -25,9 +25,9 @@ from typing import Any
 import mmh3
 import numpy as np
 
-from ..errors import CorruptShardError, MetadataError
-from ..storage.base import Store
-from ..storage.cache import CoalescingCache
+from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError
+from ..storage.base import Store, Version
+from ..storage.cache import CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .chunkref import ChunkRef
 from .jsonfile import parse_json_object
@@ -36,8 +36,14 @@ log = logging.getLogger("zvfs.precomputed")
 
 INFO = "info"
 SHARDED_TYPE = "neuroglancer_uint64_sharded_v1"
-#: decoded gzip output allowed per chunk or index, beyond which the data is treated as corrupt
-MAX_DECODED = 1 << 30
+#: decoded gzip output allowed per chunk when the metadata implies no size (skeletons, meshes,
+#: annotations) and per minishard index, beyond which the data is treated as corrupt; volume
+#: chunks get a bound from their shape instead (`volume_chunk_limit`). Kept well inside the
+#: default memory budget (the decoded cache holds 40 MiB of the default 256M).
+MAX_DECODED = 32 << 20
+#: shard numbers probed (concurrently, under the store's request limit) when a directory cannot
+#: be listed (HTTP without index pages); past this many the listing is empty, with one log line
+MAX_PROBED_SHARDS = 1 << 16
 
 
 def gunzip(data: bytes, what: str, key: str, limit: int = MAX_DECODED) -> bytes:
@@ -55,8 +61,18 @@ def gunzip(data: bytes, what: str, key: str, limit: int = MAX_DECODED) -> bytes:
     return out
 
 
-def _gunzip_chunk(key: str):
-    return lambda raw: gunzip(raw, "chunk data", key)
+def _gunzip_chunk(key: str, limit: int):
+    return lambda raw: gunzip(raw, "chunk data", key, limit)
+
+
+def volume_chunk_limit(chunk_size, num_channels: int, data_type: str) -> int:
+    """Most bytes a volume chunk can decode to: its raw size (compressed_segmentation stays
+    below twice that even with one label per voxel), plus room for headers."""
+    try:
+        itemsize = np.dtype(data_type).itemsize
+    except TypeError:
+        itemsize = 8
+    return 2 * math.prod(chunk_size) * max(1, num_channels) * itemsize + (64 << 10)
 
 
 # --------------------------------------------------------------------------- sharding spec
@@ -135,62 +151,74 @@ class Minishard:
 class ShardedKV:
     """Chunk id -> byte range, and id listings, for one sharded precomputed directory."""
 
-    def __init__(self, store: Store, prefix: str, spec: ShardingSpec, cache: CoalescingCache):
+    def __init__(self, store: Store, prefix: str, spec: ShardingSpec, cache: CoalescingCache, max_decoded: int = MAX_DECODED):
         self.store = store
         self.prefix = prefix.rstrip("/")
         self.spec = spec
         self.cache = cache
+        self.max_decoded = max_decoded
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
-    async def _shard_index(self, shard: int) -> tuple[str, int, np.ndarray] | None:
-        """(data key, data offset shift, index array) of a shard; None if it does not exist.
+    async def _shard_index(self, shard: int, fresh: bool = False) -> "_ShardIndex | None":
+        """(data key, data offset shift, index array, version) of a shard; None if it does not
+        exist. `fresh`: first check that the shard did not change since its index was read.
 
         Offsets in minishard indexes count from the start of the `.shard` file; for the
-        obsolete `.index` + `.data` pair they are shifted onto the `.data` file."""
-        return await self.cache.get(("ngshard", self.prefix, shard), lambda: self._load_shard_index(shard))
+        obsolete `.index` + `.data` pair they are shifted onto the `.data` file (whose changes
+        are not tracked: that pair predates writers that rewrite in place)."""
+        ck = ("ngshard", self.prefix, shard)
+        if fresh:
+            await drop_if_changed(self.cache, ck, self.store, self._key(f"{self.spec.shard_name(shard)}.shard"))
+        return await self.cache.get(ck, lambda: self._load_shard_index(shard))
 
     async def _load_shard_index(self, shard: int):
         name = self.spec.shard_name(shard)
         n = self.spec.shard_index_nbytes
         key, shift = self._key(f"{name}.shard"), 0
-        raw = await self.store.read(key, 0, n)
+        raw, version = await self.store.read_version(key, 0, n)
         if raw is None:
             raw = await self.store.read(self._key(f"{name}.index"))
             if raw is None:
                 return None
-            key, shift = self._key(f"{name}.data"), -n
+            key, shift, version = self._key(f"{name}.data"), -n, None
         if len(raw) != n:
             err = CorruptShardError(key, f"shard index is {len(raw)} bytes, expected {n}")
             log.warning("%s", err)
             raise err
         index = np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(np.uint64)
-        if np.any(index[:, 1] < index[:, 0]) or np.any(index[:, 1] > np.uint64(2**62)):
-            err = CorruptShardError(key, "shard index has inverted or absurd minishard ranges")
+        limit = 2**62 if version is None else version.size - (n if not shift else 0)
+        if np.any(index[:, 1] < index[:, 0]) or np.any(index[:, 1] > np.uint64(max(0, limit))):
+            err = CorruptShardError(key, "shard index has inverted minishard ranges or ranges past the shard's end")
             log.warning("%s", err)
             raise err
-        return _ShardIndex(key, shift, index)
+        return _ShardIndex(key, shift, index, version)
 
-    async def _minishard(self, shard: int, minishard: int) -> tuple[str, Minishard] | None:
-        si = await self._shard_index(shard)
+    async def _minishard(self, shard: int, minishard: int, fresh: bool = False) -> tuple["_ShardIndex", Minishard] | None:
+        si = await self._shard_index(shard, fresh)
         if si is None:
             return None
         start, end = (int(v) for v in si.index[minishard])
         if start == end:
-            return si.key, _EMPTY_MINISHARD
-        m = await self.cache.get(("ngmini", self.prefix, shard, minishard), lambda: self._load_minishard(si, start, end))
-        return si.key, m
+            return si, _EMPTY_MINISHARD
+        tag = None if si.version is None else si.version.tag
+        m = await self.cache.get(("ngmini", self.prefix, shard, tag, minishard), lambda: self._load_minishard(si, shard, start, end))
+        return si, m
 
-    async def _load_minishard(self, si: "_ShardIndex", start: int, end: int) -> Minishard:
+    async def _load_minishard(self, si: "_ShardIndex", shard: int, start: int, end: int) -> Minishard:
         base = self.spec.shard_index_nbytes
         offset = base + start + si.shift
-        raw = await self.store.read(si.key, offset, end - start)
+        try:
+            raw = await self.store.read(si.key, offset, end - start, expect=si.version)
+        except ShardChanged:
+            self.cache.drop(("ngshard", self.prefix, shard))
+            raise
         try:
             if raw is None or len(raw) != end - start:
                 raise CorruptShardError(si.key, f"minishard index at {offset} is truncated")
             if self.spec.minishard_index_encoding == "gzip":
-                raw = gunzip(raw, "minishard index", si.key, limit=1 << 28)
+                raw = gunzip(raw, "minishard index", si.key, limit=MAX_DECODED)
             if len(raw) % 24:
                 raise CorruptShardError(si.key, f"minishard index of {len(raw)} bytes is not a multiple of 24")
             table = np.frombuffer(raw, dtype="<u8").reshape(3, -1)
@@ -212,31 +240,43 @@ class ShardedKV:
         order = np.argsort(ids, kind="stable")
         return Minishard(ids[order], starts[order] - np.uint64(-si.shift), sizes[order])
 
-    async def locate(self, chunk_id: int) -> ChunkRef | None:
-        """Byte range of a chunk as stored (still encoded), or None if absent."""
+    async def locate(self, chunk_id: int, fresh: bool = True) -> ChunkRef | None:
+        """Byte range of a chunk as stored (still encoded), or None if absent. `fresh`: the
+        shard's index is first checked against the shard's current version (one stat locally,
+        nothing remotely)."""
         shard, minishard = self.spec.locate(chunk_id)
-        found = await self._minishard(shard, minishard)
+        found = await self._minishard(shard, minishard, fresh)
         if found is None:
             return None
-        key, m = found
+        si, m = found
         i = int(np.searchsorted(m.ids, np.uint64(chunk_id)))
         if i >= len(m.ids) or int(m.ids[i]) != chunk_id:
             return None
-        return ChunkRef(key, int(m.starts[i]), int(m.sizes[i]))
+        return ChunkRef(si.key, int(m.starts[i]), int(m.sizes[i]), version=si.version)
 
     async def get_ref(self, chunk_id: int) -> ChunkRef | None:
         """Like `locate`, with the data encoding's decode step attached."""
         ref = await self.locate(chunk_id)
         if ref is None or self.spec.data_encoding == "raw":
             return ref
-        return ChunkRef(ref.key, ref.offset, ref.length, decode=_gunzip_chunk(ref.key))
+        return ChunkRef(ref.key, ref.offset, ref.length, decode=_gunzip_chunk(ref.key, self.max_decoded), version=ref.version)
 
     async def shards(self) -> list[int]:
         """Shard numbers that exist, from one listing of the directory when the store can list,
-        else by probing every shard number."""
-        entries = await self.store.list(self.prefix)
-        if entries is None:
-            return [s for s in range(1 << self.spec.shard_bits) if await self._shard_or_none(s) is not None]
+        else by probing the shard numbers concurrently (under the store's request limit)."""
+        try:
+            entries = await self.store.list(self.prefix)
+        except StorageError as e:  # e.g. 403 for a directory on a server without index pages
+            log.info("%s: cannot list (%s): probing shard names", self.prefix or "/", e)
+            entries = None
+        if not entries:  # cannot list (None), or an HTTP server without index pages ([])
+            count = 1 << self.spec.shard_bits
+            if count > MAX_PROBED_SHARDS:
+                log.warning("%s: cannot list the directory and %d shard names are too many to probe: the listing is empty",
+                            self.prefix or "/", count)
+                return []
+            found = await gather(lambda s=s: self._shard_or_none(s) for s in range(count))
+            return [s for s, si in enumerate(found) if si is not None]
         names = {e.name for e in entries}
         out = []
         digits = max(1, math.ceil(self.spec.shard_bits / 4))
@@ -249,7 +289,7 @@ class ShardedKV:
 
     async def _shard_or_none(self, shard: int):
         try:
-            return await self._shard_index(shard)
+            return await self._shard_index(shard, fresh=True)
         except CorruptShardError:
             return None
 
@@ -278,6 +318,7 @@ class _ShardIndex:
     key: str
     shift: int
     index: np.ndarray
+    version: Version | None = None
 
     @property
     def nbytes(self) -> int:

@@ -24,9 +24,9 @@ from typing import Any, Iterator
 import crc32c
 import numpy as np
 
-from ..errors import CorruptShardError, MetadataError
-from ..storage.base import Store
-from ..storage.cache import CoalescingCache
+from ..errors import CorruptShardError, MetadataError, ShardChanged
+from ..storage.base import Store, Version
+from ..storage.cache import CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .chunkref import ChunkRef
 from .jsonfile import parse_json_object
@@ -309,10 +309,13 @@ class ShardIndex:
     """Decoded `(offset, nbytes)` pairs (native uint64, C order over the level's inner grid).
 
     Entries pointing outside their container are marked bad (offset `_BAD`): their chunk is
-    EIO while the rest of the shard stays readable.
+    EIO while the rest of the shard stays readable. `version` is the version of the shard
+    object the index was read from (top level only): every byte range taken from the index
+    is read expecting it.
     """
 
     entries: np.ndarray
+    version: Version | None = None
 
     @property
     def nbytes(self) -> int:
@@ -323,7 +326,7 @@ class ShardIndex:
         return np.flatnonzero((off != EMPTY) & (off != _BAD))
 
 
-def decode_index(raw: bytes, level: Level, key: str, container: int | None) -> ShardIndex:
+def decode_index(raw: bytes, level: Level, key: str, container: int | None, version: Version | None = None) -> ShardIndex:
     """Check and decode one shard index. `container` is the byte length of the shard (or
     nested shard) when known, to reject entries that point past its end."""
     n = level.n
@@ -346,7 +349,7 @@ def decode_index(raw: bytes, level: Level, key: str, container: int | None) -> S
         log.warning("corrupt shard %s: %d index entries point outside the shard", key, int(bad.sum()))
         entries[bad, 0] = _BAD
     entries[empty, 0] = EMPTY
-    return ShardIndex(entries)
+    return ShardIndex(entries, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,13 +362,15 @@ class ChunkTable:
     lengths: np.ndarray
     key: str | None = None
     keys: list[str] | None = None
+    version: Version | None = None  # of `key`, the shard the table was read from
 
     @property
     def nbytes(self) -> int:
         return self.coords.nbytes + self.offsets.nbytes + self.lengths.nbytes + 64 * len(self.keys or ())
 
     def ref(self, i: int) -> ChunkRef:
-        return ChunkRef(self.key if self.keys is None else self.keys[i], int(self.offsets[i]), int(self.lengths[i]))
+        key = self.key if self.keys is None else self.keys[i]
+        return ChunkRef(key, int(self.offsets[i]), int(self.lengths[i]), version=self.version)
 
 
 def _empty_table(ndim: int, key: str | None = None) -> ChunkTable:
@@ -377,6 +382,12 @@ def _c_sorted(coords: np.ndarray, *columns: np.ndarray) -> tuple:
         return (coords, *columns)
     order = np.lexsort(coords.T[::-1])
     return (coords[order], *(c[order] for c in columns))
+
+
+#: a listing enumerates the shard grid itself up to this many shard positions (one index read
+#: each, which it needs anyway); past it, the shards come from the store's own listing, so an
+#: array of 10**12 mostly unwritten shards lists in time proportional to the shards stored
+ENUMERATE_SHARDS = 4096
 
 
 class ShardedArray:
@@ -399,26 +410,52 @@ class ShardedArray:
     def shard_key(self, shard: tuple[int, ...]) -> str:
         return self.node.store_key(self.node.encoding.key(shard))
 
-    async def index(self, key: str, start: int, length: int | None, depth: int) -> ShardIndex | None:
-        """The index of the (nested) shard at `[start, start+length)` of `key`; None if the
-        shard object does not exist (top level only)."""
-        return await self.cache.get((key, start, depth), lambda: self._load_index(key, start, length, depth))
+    async def head(self, key: str, fresh: bool = False) -> ShardIndex | None:
+        """The top-level index of shard `key` (None if the shard object does not exist).
 
-    async def _load_index(self, key: str, start: int, length: int | None, depth: int) -> ShardIndex | None:
+        With `fresh`, a cached index is first checked against the shard's current version and
+        read again if the shard changed (opening a chunk file, listing a directory)."""
+        if fresh:
+            await drop_if_changed(self.cache, ("head", key), self.store, key)
+        return await self.cache.get(("head", key), lambda: self._load_head(key))
+
+    async def _load_head(self, key: str) -> ShardIndex | None:
+        level = self.plan.levels[0]
+        size = level.index_nbytes
+        start = 0 if level.index_location == "start" else -size
+        raw, version = await self.store.read_version(key, start, size if start == 0 else None)
+        if raw is None:
+            return None
+        try:
+            return decode_index(raw, level, key, None if version is None else version.size, version)
+        except CorruptShardError as e:
+            e.version = version  # type: ignore[attr-defined]  # (a rewrite may repair it)
+            log.warning("%s", e)
+            raise
+
+    async def index(self, key: str, start: int, length: int | None, depth: int, head: ShardIndex | None = None) -> ShardIndex | None:
+        """The index of the (nested) shard at `[start, start+length)` of `key`, read from the
+        version of the shard that `head` (its top-level index) describes."""
+        if depth == 0:
+            return await self.head(key)
+        version = head.version if head is not None else None
+        tag = None if version is None else version.tag
+        return await self.cache.get((key, tag, start, depth), lambda: self._load_nested(key, start, length, depth, head))
+
+    async def _load_nested(self, key: str, start: int, length: int | None, depth: int, head: ShardIndex | None) -> ShardIndex:
         level = self.plan.levels[depth]
         size = level.index_nbytes
-        if level.index_location == "start":
-            raw = await self.store.read(key, start, size)
-        elif length is None:
-            raw = await self.store.read(key, -size)
-        else:
-            raw = await self.store.read(key, start + length - size, size) if length >= size else b""
-        if raw is None:
-            if depth == 0:
-                return None
-            raise CorruptShardError(key, "shard disappeared while reading a nested index")
-        if length is not None and length < size:
+        assert length is not None
+        if length < size:
             raise CorruptShardError(key, f"nested shard of {length} bytes is smaller than its index")
+        at = start if level.index_location == "start" else start + length - size
+        try:
+            raw = await self.store.read(key, at, size, expect=None if head is None else head.version)
+        except ShardChanged:
+            self.cache.drop(("head", key))
+            raise
+        if raw is None:
+            raise CorruptShardError(key, "shard disappeared while reading a nested index")
         try:
             return decode_index(raw, level, key, length)
         except CorruptShardError as e:
@@ -431,23 +468,27 @@ class ShardedArray:
     async def locate(self, coords: tuple[int, ...]) -> ChunkRef | None:
         """Byte range of innermost chunk `coords` (grid coordinates, array order), or None when
         the chunk is empty or its shard is missing. Raises CorruptShardError for a bad shard.
+        The shard's index is first checked against the shard's current version (one stat
+        locally, nothing remotely), so a lookup or open never uses the index of an old shard.
 
-        Plain integer arithmetic: this runs on every lookup and read."""
+        Plain integer arithmetic: this runs on every lookup and open."""
         if not self.in_grid(coords):
             return None
         origin = [c * s for c, s in zip(coords, self.plan.chunk_shape)]
         shard = tuple(o // s for o, s in zip(origin, self.plan.shard_shape))
         key = self.shard_key(shard)
         base = [c * s for c, s in zip(shard, self.plan.shard_shape)]
-        start, length = 0, None
+        head = await self.head(key, fresh=True)
+        if head is None:
+            return None
+        start, length, idx = 0, None, head
         for depth, level in enumerate(self.plan.levels):
             local = [(o - b) // i for o, b, i in zip(origin, base, level.inner_shape)]
             lin = 0
             for axis, g in zip(level.perm, level.grid):
                 lin = lin * g + local[axis]
-            idx = await self.index(key, start, length, depth)
-            if idx is None:
-                return None
+            if depth:
+                idx = await self.index(key, start, length, depth, head)
             off, nb = idx.entries[lin].tolist()
             if off == _EMPTY_INT:
                 return None
@@ -455,20 +496,27 @@ class ShardedArray:
                 raise CorruptShardError(key, f"index entry {lin} points outside the shard")
             start, length = start + off, nb
             base = [b + l * i for b, l, i in zip(base, local, level.inner_shape)]
-        return ChunkRef(key, start, length)
+        return ChunkRef(key, start, length, version=head.version)
 
-    async def chunks_in_shard(self, shard: tuple[int, ...]) -> ChunkTable:
+    async def chunks_in_shard(self, shard: tuple[int, ...], fresh: bool = False) -> ChunkTable:
         """The non-empty innermost chunks of one shard inside the array bounds, with their
-        byte ranges, in C order of their grid coordinates. Worked out once per shard (cached
-        beside the indexes), so listing many directories of one shard costs one walk. A corrupt
-        shard contributes nothing (it was logged when decoded)."""
+        byte ranges, in C order of their grid coordinates. Worked out once per shard version
+        (cached beside the indexes), so listing many directories of one shard costs one walk.
+        A corrupt shard contributes nothing (it was logged when decoded)."""
         key = self.shard_key(shard)
-        return await self.cache.get(("chunks", key), lambda: self._chunks(key, shard))
+        try:
+            head = await self.head(key, fresh)
+        except CorruptShardError:
+            return _empty_table(self.ndim, key)
+        if head is None:
+            return _empty_table(self.ndim, key)
+        tag = None if head.version is None else head.version.tag
+        return await self.cache.get(("chunks", key, tag), lambda: self._chunks(key, shard, head))
 
-    async def _chunks(self, key: str, shard: tuple[int, ...]) -> ChunkTable:
+    async def _chunks(self, key: str, shard: tuple[int, ...], head: ShardIndex) -> ChunkTable:
         base = np.array(shard, dtype=np.int64) * self.shard_shape
         try:
-            found = await self._walk(key, 0, None, base, 0)
+            found = await self._walk(key, 0, None, base, 0, head)
         except CorruptShardError:
             found = []
         if not found:
@@ -477,17 +525,19 @@ class ShardedArray:
         offsets = np.concatenate([f[1] for f in found])
         lengths = np.concatenate([f[2] for f in found])
         keep = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
-        return ChunkTable(*_c_sorted(coords[keep], offsets[keep], lengths[keep]), key=key)
+        return ChunkTable(*_c_sorted(coords[keep], offsets[keep], lengths[keep]), key=key, version=head.version)
 
     async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]:
         """Chunk tables of the shards that can hold chunks with `fixed` grid coordinates
-        (axis -> coordinate)."""
-        return await gather(lambda shard=shard: self.chunks_in_shard(shard) for shard in self.shards(fixed))
+        (axis -> coordinate), each checked against its shard's current version (a listing
+        shows what the store holds now)."""
+        shards = await self.stored_shards(fixed)
+        return await gather(lambda shard=shard: self.chunks_in_shard(shard, fresh=True) for shard in shards)
 
-    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int) -> list[tuple]:
+    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int, head: ShardIndex) -> list[tuple]:
         """(grid coords, absolute offsets, lengths) of the innermost chunks below one index."""
         level = self.plan.levels[depth]
-        idx = await self.index(key, start, length, depth)
+        idx = head if depth == 0 else await self.index(key, start, length, depth, head)
         if idx is None:
             return []
         present = idx.present()
@@ -504,18 +554,83 @@ class ShardedArray:
         out: list[tuple] = []
         for row, (off, nb) in zip(elem, entries.tolist()):
             try:
-                out += await self._walk(key, start + off, nb, row, depth + 1)
+                out += await self._walk(key, start + off, nb, row, depth + 1, head)
             except CorruptShardError:
                 continue
         return out
 
+    def _shard_ranges(self, fixed: dict[int, int]) -> list[range]:
+        return [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)
+                for a, (p, g) in enumerate(zip(self.per_shard, self.shard_grid))]
+
     def shards(self, fixed: dict[int, int] | None = None) -> Iterator[tuple[int, ...]]:
         """Shard coordinates that can hold chunks with the `fixed` grid coordinates (axis ->
         coordinate); all shards when nothing is fixed."""
-        fixed = fixed or {}
-        ranges = [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)
-                  for a, (p, g) in enumerate(zip(self.per_shard, self.shard_grid))]
-        return itertools.product(*ranges)
+        return itertools.product(*self._shard_ranges(fixed or {}))
+
+    async def stored_shards(self, fixed: dict[int, int] | None = None) -> list[tuple[int, ...]]:
+        """Like `shards`, but for grids too large to enumerate only the shards the store lists
+        (directory listings proportional to what is stored, not to the grid)."""
+        ranges = self._shard_ranges(fixed or {})
+        if math.prod(len(r) for r in ranges) <= ENUMERATE_SHARDS:
+            return list(itertools.product(*ranges))
+        found = await self._listed_shards(ranges)
+        if found is None:
+            log.warning("%s: %d shard positions and the store cannot list them: the listing shows none",
+                        self.node.path or "/", math.prod(len(r) for r in ranges))
+            return []
+        return found
+
+    async def _listed_shards(self, ranges: list[range]) -> list[tuple[int, ...]] | None:
+        enc = self.node.encoding
+        top = ["c"] if enc.name == "default" else []
+        if enc.separator == ".":  # every shard key is a name in the array directory
+            entries = await self.store.list(self.node.path)
+            if entries is None:
+                return None
+            out = []
+            for e in entries:
+                parts = e.name.split(".")
+                if parts[: len(top)] != top or e.is_dir:
+                    continue
+                coords = _coords(parts[len(top):], ranges)
+                if coords is not None and enc.key(coords) == e.name:
+                    out.append(coords)
+            return sorted(out)
+        # nested: one directory level per axis; fixed axes are followed without a listing
+        paths: list[tuple[str, tuple[int, ...]]] = [("/".join([self.node.path, *top]).strip("/"), ())]
+        for axis, r in enumerate(ranges):
+            last = axis == len(ranges) - 1
+            nxt = []
+            for prefix, coords in paths:
+                if len(r) == 1 and not last:
+                    nxt.append((f"{prefix}/{r.start}", (*coords, r.start)))
+                    continue
+                entries = await self.store.list(prefix)
+                if entries is None:
+                    if axis == 0:
+                        return None
+                    continue
+                for e in entries:
+                    c = parse_coord(e.name)
+                    if c is not None and c in r and e.is_dir != last:
+                        nxt.append((f"{prefix}/{e.name}", (*coords, c)))
+            paths = nxt
+        return sorted(coords for _, coords in paths)
+
+
+def parse_coord(name: str) -> int | None:
+    """A canonical non-negative decimal ("0", "17"; not "017", "+1", "1 ")."""
+    if not name.isascii() or not name.isdigit() or (len(name) > 1 and name[0] == "0"):
+        return None
+    return int(name)
+
+
+def _coords(parts: list[str], ranges: list[range]) -> tuple[int, ...] | None:
+    coords = tuple(parse_coord(p) for p in parts)
+    if len(coords) != len(ranges) or any(c is None or c not in r for c, r in zip(coords, ranges)):
+        return None
+    return coords  # type: ignore[return-value]
 
 
 class PlainArray:

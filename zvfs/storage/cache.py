@@ -11,12 +11,16 @@ value (so a bad shard is reported once, not on every read); other errors are not
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Hashable
 
 import trio
 
 from ..errors import CorruptShardError
+from .base import Store
+
+log = logging.getLogger("zvfs.cache")
 
 
 class _Flight:
@@ -83,10 +87,31 @@ class CoalescingCache:
             flight.done.set()
         return _unwrap(value)
 
+    def peek(self, key: Hashable) -> tuple[bool, Any]:
+        """(True, value) if `key` is cached, without loading or counting; a cached failure
+        comes back as its exception object."""
+        hit = self._entries.get(key)
+        if hit is None:
+            return False, None
+        value = hit[0]
+        return True, value.error if isinstance(value, _Failed) else value
+
+    def drop(self, key: Hashable) -> None:
+        """Forget one entry (its source changed)."""
+        hit = self._entries.pop(key, None)
+        if hit is not None:
+            self._bytes -= hit[1]
+
+    def clear(self) -> None:
+        """Forget everything (`zvfs refresh`); loads in flight finish and are kept."""
+        self._entries.clear()
+        self._bytes = 0
+
     def _put(self, key: Hashable, value: Any) -> None:
         size = 64 if isinstance(value, _Failed) else self._sizeof(value) + 64
         if size > self.max_bytes:
             return
+        self.drop(key)
         self._entries[key] = (value, size)
         self._bytes += size
         while self._bytes > self.max_bytes:
@@ -105,3 +130,22 @@ def _unwrap(value: Any) -> Any:
     if isinstance(value, _Failed):
         raise value.error
     return value
+
+
+async def drop_if_changed(cache: CoalescingCache, key: Hashable, store: Store, name: str) -> None:
+    """Drop the cached index `key` of store key `name` if the object changed since the index
+    was read: its current version differs from the one the index (or the failure, or the
+    absence) was recorded with. Locally this costs one stat; remotely nothing (the store
+    compares with what its responses said)."""
+    found, cached = cache.peek(key)
+    if not found:
+        return
+    now = await store.current(name)
+    then = getattr(cached, "version", None)
+    if cached is None:  # recorded as absent
+        stale = now is not None
+    else:  # an index (or failure) without a version cannot be compared: kept
+        stale = then is not None and not then.same(now)
+    if stale:
+        log.info("%s changed since its index was read: reading it again", name)
+        cache.drop(key)

@@ -20,15 +20,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..formats.chunkref import ChunkRef
-from ..formats.zarr3 import ChunkKeyEncoding, ChunkTable
+from ..formats.zarr3 import ChunkKeyEncoding, ChunkTable, parse_coord
 from ..tree import Dir, File, InodeRange, Node, Tree, grid_block_sizes
-
-
-def parse_coord(name: str) -> int | None:
-    """A canonical non-negative decimal ("0", "17"; not "017", "+1", "1 ")."""
-    if not name.isascii() or not name.isdigit() or (len(name) > 1 and name[0] == "0"):
-        return None
-    return int(name)
 
 
 class ChunkSource(Protocol):
@@ -140,7 +133,12 @@ class ChunkSpace(InodeRange):
 
     async def file(self, coords: tuple[int, ...]) -> Node | None:
         ref = await self.source.locate(coords)
-        return None if ref is None else self.make_file(self.ino_of(self.to_path(coords)), ref, coords)
+        return None if ref is None else self._made(self.make_file(self.ino_of(self.to_path(coords)), ref, coords), coords)
+
+    def _made(self, node: File, coords: tuple[int, ...]) -> File:
+        """A chunk file that can find its bytes again when its shard changes (at open)."""
+        node.relocate = lambda: self.source.locate(coords)
+        return node
 
     async def child(self, path: tuple[int, ...], name: str) -> Node | None:
         """Lookup inside a nested chunk directory. Intermediate directories are answered from
@@ -174,7 +172,8 @@ class ChunkSpace(InodeRange):
         for table, rows in found:
             for i, c in zip(rows.tolist(), table.coords[rows].tolist()):
                 path = self.to_path(c)
-                out.append((name(tuple(c), path), self.make_file(self.ino_of(path), table.ref(i), tuple(c))))
+                coords = tuple(c)
+                out.append((name(coords, path), self._made(self.make_file(self.ino_of(path), table.ref(i), coords), coords)))
         return out
 
     async def children(self, path: tuple[int, ...]) -> list[tuple[str, Node]]:

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..errors import CorruptShardError
 from ..formats.chunkref import ChunkRef
-from ..formats.precomputed import INFO, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode, morton_encode, unsharded_info
+from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode,
+                                   morton_encode, unsharded_info, volume_chunk_limit)
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, InodeRange, ListedDir, Node, RangeFile, Tree, pass_node
@@ -42,12 +43,21 @@ class PrecomputedView:
 
     def sharded_dir(self, sd: ShardedDir) -> Node:
         def make(ino: int) -> Node:
-            kv = ShardedKV(self.store, sd.path, sd.spec, self.cache)
+            kv = ShardedKV(self.store, sd.path, sd.spec, self.cache, self.decode_limit(sd))
             if sd.kind in ("volume", "spatial"):
                 return MortonDir(ino, self, sd, kv)
             return IdDir(ino, self, sd, kv)
 
         return self.tree.intern(("pc", sd.path), make)
+
+    def decode_limit(self, sd: ShardedDir) -> int:
+        """Output bound of gzip-encoded data in `sd`: a volume chunk's size from its shape and
+        type; otherwise (skeletons, meshes, annotations: no size in the metadata) the
+        documented cap, kept below the decoded cache so one bomb cannot take the budget."""
+        info = self.dataset.info
+        if sd.scale is not None:
+            return volume_chunk_limit(sd.scale.chunk_size, int(info.get("num_channels", 1) or 1), str(info.get("data_type", "uint64")))
+        return min(MAX_DECODED, max(1 << 20, self.decoded.max_bytes))
 
     def chunk_file(self, ino: int, ref: ChunkRef) -> RangeFile:
         return RangeFile(ino, self.store, ref, self.decoded)
@@ -79,7 +89,7 @@ class DatasetDir(ListedDir):
             elif e.is_dir and e.name in view.dataset.sharded:
                 out.append((e.name, view.sharded_dir(view.dataset.sharded[e.name])))
             else:
-                out.append((e.name, pass_node(view.tree, view.store, e.name, e.is_dir, e.size)))
+                out.append((e.name, pass_node(view.tree, view.store, e.name, e)))
         return out
 
 
@@ -94,6 +104,9 @@ class ShardedDirNode(Dir):
         self.sd = sd
         self.kv = kv
         self._listing: list[tuple[str, Node]] | None = None
+
+    def forget(self) -> None:
+        self._listing = None
 
     def _info(self) -> Node | None:
         if self.sd.info is None:
@@ -148,7 +161,11 @@ class MortonDir(ShardedDirNode, InodeRange):
 
     async def file(self, code: int) -> Node | None:
         ref = await self.kv.get_ref(code)
-        return None if ref is None else self.view.chunk_file(self.start + code, ref)
+        if ref is None:
+            return None
+        node = self.view.chunk_file(self.start + code, ref)
+        node.relocate = lambda: self.kv.get_ref(code)
+        return node
 
     async def node_at(self, offset: int) -> Node | None:
         return await self.file(offset)
@@ -182,21 +199,27 @@ class IdDir(ShardedDirNode):
         return await self.file(seg, is_manifest or not self.mesh)
 
     async def file(self, seg: int, whole: bool) -> Node | None:
-        """The file for segment `seg`: its stored chunk (`whole`), or a mesh's fragment data."""
-        ref = await self.kv.get_ref(seg)
+        """The file for segment `seg`: its stored chunk (`whole`), or a mesh's fragment data.
+        The node is interned (stable inode number); at open it finds its bytes again, so a
+        rewritten shard is read through its new index."""
+        ref = await self.ref(seg, whole)
         if ref is None:
             return None
-        key = ("pcid", self.sd.path, seg, whole)
-        if whole:
-            return self.view.tree.intern(key, lambda ino: self.view.chunk_file(ino, ref))
+        node = self.view.tree.intern(("pcid", self.sd.path, seg, whole), lambda ino: self.view.chunk_file(ino, ref))
+        node.relocate = lambda: self.ref(seg, whole)  # type: ignore[union-attr]
+        return node
+
+    async def ref(self, seg: int, whole: bool) -> ChunkRef | None:
+        ref = await self.kv.get_ref(seg)
+        if ref is None or whole:
+            return ref
         manifest = await self.view.chunk_file(0, ref).read(0, 1 << 62)
         frag = manifest_fragment_bytes(manifest, ref.key)
         # data starts after the shard index in a `.shard`, at 0 in an obsolete `.data`
         floor = 0 if ref.key.endswith(".data") else self.kv.spec.shard_index_nbytes
         if frag > ref.offset - floor:
             raise CorruptShardError(ref.key, f"mesh fragments of segment {seg} would start before the shard data")
-        data = ChunkRef(ref.key, ref.offset - frag, frag)
-        return self.view.tree.intern(key, lambda ino: self.view.chunk_file(ino, data))
+        return ChunkRef(ref.key, ref.offset - frag, frag, version=ref.version)
 
     async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
         out: list[tuple[str, Node | None]] = []

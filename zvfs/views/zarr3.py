@@ -117,7 +117,7 @@ class GroupDir(ListedDir):
             elif e.name in self.group.children:
                 out.append((e.name, view.node_for(sub)))
             else:
-                out.append((e.name, pass_node(view.tree, view.store, sub, e.is_dir, e.size)))
+                out.append((e.name, pass_node(view.tree, view.store, sub, e)))
         taken = {name for name, _ in out}
         return out + [(name, node) for name, node in view.extras(path) if name not in taken]
 

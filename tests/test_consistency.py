@@ -1,0 +1,166 @@
+"""The consistency model (README, docs/reliability.md) through real mounts of local stores.
+
+A chunk file read returns exactly the bytes of that chunk as stored before or after a change
+of its shard, or EIO; never bytes of another chunk. The shards are rewritten by zarr-python
+(the writer people use) into a second store, and the new shard bytes are put in place the way
+writers do it: in place (truncate + write into the same file), or atomically (write a new file
+and rename it over the old one), or the shard is deleted or truncated. Expected contents come
+from zarr-python reading the old and new stores directly, never from zvfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from conftest import zvfs_mount
+
+pytestmark = pytest.mark.mount
+
+SHAPE, SHARD, INNER = (64, 64), (64, 64), (16, 16)  # one shard of 4 x 4 inner chunks
+
+
+def _write(root: Path, data: np.ndarray) -> None:
+    a = zarr.create_array(str(root), shape=SHAPE, shards=SHARD, chunks=INNER, dtype="uint16", fill_value=0,
+                          compressors=None, overwrite=True)
+    a[...] = data
+
+
+def _stores(tmp_path: Path):
+    """The mounted store (old data) and a store holding the new data, both by zarr-python.
+    The update empties chunk (0, 0), so every other chunk moves inside the shard."""
+    rng = np.random.default_rng(7)
+    old = rng.integers(1, 60000, SHAPE, dtype=np.uint16)
+    new = rng.integers(1, 60000, SHAPE, dtype=np.uint16)
+    new[:16, :16] = 0
+    src, upd = tmp_path / "store.zarr", tmp_path / "update.zarr"
+    _write(src, old)
+    _write(upd, new)
+    return src, upd, old, new
+
+
+def _chunk_bytes(arr: np.ndarray) -> dict[str, bytes]:
+    """Uncompressed little-endian inner chunks by their unsharded key, from the array itself."""
+    out = {}
+    for i in range(SHAPE[0] // INNER[0]):
+        for j in range(SHAPE[1] // INNER[1]):
+            block = arr[i * 16:(i + 1) * 16, j * 16:(j + 1) * 16]
+            if block.any():
+                out[f"c/{i}/{j}"] = block.astype("<u2").tobytes()
+    return out
+
+
+def _read_each(mnt: Path) -> dict[str, bytes | int]:
+    """Every chunk file's bytes, or the errno its open/read failed with."""
+    out: dict[str, bytes | int] = {}
+    for i in range(4):
+        for j in range(4):
+            try:
+                out[f"c/{i}/{j}"] = (mnt / "c" / str(i) / str(j)).read_bytes()
+            except OSError as e:
+                out[f"c/{i}/{j}"] = e.errno
+    return out
+
+
+def _check_before_or_after(got: dict, before: dict, after: dict, allow_eio=True) -> None:
+    for key, value in got.items():
+        if isinstance(value, int):
+            assert value in ((errno.ENOENT, errno.EIO) if allow_eio else (errno.ENOENT,)), f"{key}: errno {value}"
+            if value == errno.ENOENT:
+                assert key not in after, f"{key}: ENOENT but the new shard holds it"
+            continue
+        assert value in (before.get(key), after.get(key)), f"{key}: bytes of neither version ({len(value)} bytes)"
+
+
+def _put_in_place(shard: Path, new_bytes: bytes) -> None:
+    with open(shard, "r+b") as f:
+        f.truncate(0)
+        f.write(new_bytes)
+
+
+def _put_atomically(shard: Path, new_bytes: bytes) -> None:
+    tmp = shard.with_name(shard.name + ".tmp")
+    tmp.write_bytes(new_bytes)
+    os.replace(tmp, shard)
+
+
+@pytest.mark.parametrize("how", ["in_place", "atomic"])
+def test_a_rewritten_shard_reads_as_the_new_data(tmp_path, how):
+    src, upd, old, new = _stores(tmp_path)
+    shard = src / "c" / "0" / "0"
+    new_bytes = (upd / "c" / "0" / "0").read_bytes()
+    before, after = _chunk_bytes(old), _chunk_bytes(new)
+    with zvfs_mount(src, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
+        assert (mnt / "c/1/1").read_bytes() == before["c/1/1"]  # the index is cached now
+        held = open(mnt / "c/2/2", "rb")  # opened before the change, read after it
+        try:
+            (_put_in_place if how == "in_place" else _put_atomically)(shard, new_bytes)
+            try:
+                got_held = held.read()
+            except OSError as e:
+                got_held = e.errno
+            _check_before_or_after({"c/2/2": got_held}, before, after)
+        finally:
+            held.close()
+        got = _read_each(mnt)
+        assert got == {k: after.get(k, errno.ENOENT) for k in got}, "a fresh open must see the new shard"
+        np.testing.assert_array_equal(zarr.open_array(str(mnt))[...], new)
+
+
+def test_atomic_replace_after_the_descriptor_cache_turned_over(tmp_path):
+    """More shards than the local store keeps descriptors for: the old descriptor is gone by
+    the time the shard is replaced, so only the path's identity can tell."""
+    rng = np.random.default_rng(3)
+    shape = (16 * 300, 16)
+    old = rng.integers(1, 60000, shape, dtype=np.uint16)
+    new = old.copy()
+    new[:16] = 0  # empties chunk (0, 0): chunk (1, 0) moves inside shard 0
+    new[16:32] += 1
+    src, upd = tmp_path / "store.zarr", tmp_path / "update.zarr"
+    for root, data in ((src, old), (upd, new)):
+        a = zarr.create_array(str(root), shape=shape, shards=(32, 16), chunks=(16, 16), dtype="uint16",
+                              fill_value=0, compressors=None, overwrite=True)
+        a[...] = data
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        assert (mnt / "c/1/0").read_bytes() == old[16:32].astype("<u2").tobytes()
+        for i in range(2, 300):  # 149 other shards: turns the descriptor cache over
+            (mnt / f"c/{i}/0").read_bytes()
+        _put_atomically(src / "c/0/0", (upd / "c/0/0").read_bytes())
+        assert (mnt / "c/1/0").read_bytes() == new[16:32].astype("<u2").tobytes()
+        with pytest.raises(FileNotFoundError):
+            (mnt / "c/0/0").read_bytes()
+
+
+def test_a_deleted_shard_reads_as_missing_and_a_truncated_one_never_as_other_bytes(tmp_path):
+    src, upd, old, new = _stores(tmp_path)
+    before = _chunk_bytes(old)
+    with zvfs_mount(src, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
+        assert _read_each(mnt) == before
+        shard = src / "c/0/0"
+        data = shard.read_bytes()
+        with open(shard, "r+b") as f:
+            f.truncate(len(data) // 2)
+        got = _read_each(mnt)
+        _check_before_or_after(got, before, {})
+        assert any(v == errno.EIO for v in got.values()), "a shard cut in half has no readable index"
+        shard.unlink()
+        got = _read_each(mnt)
+        assert set(got.values()) == {errno.ENOENT}, got
+        np.testing.assert_array_equal(zarr.open_array(str(mnt))[...], np.zeros(SHAPE, np.uint16))
+
+
+def test_a_new_shard_appears_after_refresh(tmp_path):
+    src, upd, old, new = _stores(tmp_path)
+    shutil.rmtree(src / "c")
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        assert not (mnt / "c").exists() or os.listdir(mnt / "c") == []
+        shutil.copytree(upd / "c", src / "c")
+        assert b'"refreshed": true' in (mnt / ".zvfs.refresh").read_bytes()
+        assert sorted(os.listdir(mnt / "c" / "1")) == ["0", "1", "2", "3"]
+        np.testing.assert_array_equal(zarr.open_array(str(mnt))[...], new)

@@ -1,0 +1,77 @@
+"""Listings whose cost follows the data stored, not the grid (issue 10, points 7 and 11).
+
+- A Zarr v3 array of 10**12 shard positions with one shard written (zarr-python): `find` over
+  the mount lists exactly that shard's chunks, quickly and in little memory.
+- A sharded precomputed volume served by nginx without directory listings: the shard names
+  are probed concurrently (under `max_requests`), so the listing matches the local mount's and
+  costs a fraction of the sequential time behind a 50 ms proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from conftest import zvfs_mount
+from servers import DelayProxy, Nginx
+
+pytestmark = pytest.mark.mount
+
+
+def _daemon_rss_kib(mnt: Path) -> int:
+    pids = subprocess.run(["pgrep", "-f", f"zvfs mount .* {mnt}"], capture_output=True, text=True).stdout.split()
+    return max(int(Path(f"/proc/{p}/status").read_text().split("VmRSS:")[1].split()[0]) for p in pids)
+
+
+@pytest.mark.parametrize("separator", ["/", "."])
+def test_a_huge_mostly_empty_grid_lists_what_is_stored(tmp_path, separator):
+    side = 16 * 10**6  # 10**6 x 10**6 shards of 16 x 16: 10**12 shard positions
+    src = tmp_path / "huge.zarr"
+    a = zarr.create_array(str(src), shape=(side, side), shards=(16, 16), chunks=(8, 8), dtype="uint8",
+                          fill_value=0, compressors=None, chunk_key_encoding={"name": "default", "separator": separator})
+    data = np.arange(1, 257, dtype=np.uint8).reshape(16, 16)
+    a[32:48, 16:32] = data  # shard (2, 1) only
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        t0 = time.monotonic()
+        found = subprocess.run(["find", str(mnt), "-type", "f"], capture_output=True, text=True, timeout=120, check=True)
+        took = time.monotonic() - t0
+        names = sorted(os.path.relpath(p, mnt) for p in found.stdout.split())
+        chunks = [f"c{separator}{i}{separator}{j}" for i in (4, 5) for j in (2, 3)]
+        assert names == sorted(["zarr.json", *chunks])
+        assert took < 30, f"find took {took:.1f} s"
+        assert _daemon_rss_kib(mnt) < 300 << 10
+        np.testing.assert_array_equal(zarr.open_array(str(mnt))[32:48, 16:32], data)
+
+
+def test_precomputed_over_http_without_index_pages_probes_shards_concurrently(tmp_path):
+    from writers_precomputed import TsDataset, TsScale, sharding, write_ts_dataset
+
+    ds = TsDataset("probe", "image", "uint8", [
+        TsScale("s0", (64, 64, 64), (0, 0, 0), (8, 8, 8), (1, 1, 1), sharding("identity", minishard=1, shard=5, index="raw", data="raw"))])
+    ds.data.append(np.random.default_rng(5).integers(1, 255, (64, 64, 64, 1), dtype=np.uint8))
+    root = write_ts_dataset(tmp_path / "vol", ds)
+    stored = sorted(p.name for p in (root / "s0").iterdir())
+    assert len(stored) == 32  # every shard name of shard_bits=5 exists
+    nginx = Nginx(root, tmp_path / "nginx", autoindex=False).start()
+    proxy = DelayProxy(nginx.port, 0.05).start()
+    try:
+        with zvfs_mount(root, tmp_path / "local") as local, zvfs_mount(proxy.url, tmp_path / "remote") as remote:
+            want = sorted(os.listdir(local / "s0"))
+            since = nginx.mark()
+            t0 = time.monotonic()
+            got = sorted(os.listdir(remote / "s0"))
+            took = time.monotonic() - t0
+            assert got == want and len(got) == 8 * 8 * 8  # every chunk
+            probes = [r for r in nginx.requests(since) if r.uri.endswith(".shard")]
+            assert len({r.uri for r in probes}) == 32
+            sequential = 2 * 32 * 0.05  # shard index + minishard index per shard, one after another
+            assert took < sequential / 2, f"listing took {took:.2f} s; sequential probing would take {sequential:.1f} s"
+    finally:
+        proxy.stop()
+        nginx.stop()
