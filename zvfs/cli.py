@@ -1,37 +1,102 @@
 """The `zvfs` command and the `mount.zvfs` helper.
 
-`zvfs ls`/`cat`/`inspect` walk the same virtual tree a mount shows, without FUSE. mount(8)
-with `-t fuse.zvfs` runs `zvfs SOURCE DIR -o OPTS` through mount.fuse3, so a first argument
-that is not a command is read as `zvfs mount`.
+`zvfs ls`/`cat`/`inspect` walk the same virtual tree a mount shows, without FUSE.
+
+The bare form `zvfs SOURCE MOUNTPOINT -o OPTS` exists because mount(8) with `-t fuse.zvfs`
+(and fstab) runs it through mount.fuse3. It is taken as a mount only when the first argument is
+not a command, looks like a source (contains '/', which every URL and absolute path does, or
+names an existing path) and a second non-option argument follows; anything else that is not a
+command is an error naming it ("unknown command 'mout'"), so a mistyped command never mounts.
+
+Credentials: a source URL with a password or a signed query string must not stay in any
+process's argv (`ps` shows it to every local user). When an argument holds one, the process
+re-executes itself at once with the URL redacted in argv and the real arguments in the
+environment (readable by the same user only), keeping its pid (systemd's main process).
+
+Exit statuses: 0 success; 1 a runtime failure (backend, busy, not mounted); 2 a usage error, a
+bad option or an unusable source (nothing mounted); 3 `inspect --strict` found problems;
+128+N interrupted by signal N. As a mount helper (`mount.zvfs`, or the bare form above, which
+only mount.fuse3 uses), mount(8)'s codes: 1 usage, 8 interrupted, 32 mount failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
+import shutil
+import stat
 import subprocess
 import sys
 
+import shtab
 import trio
 
-from . import report
-from .daemon import ARGV_ENV, run_foreground, spawn_daemon
+from . import __version__, report
+from .daemon import ARGV_ENV, FSTYPE, check_log_target, mount_at, run_foreground, spawn_daemon
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
 from .options import MountOptions, options_help, parse_options
 from .source import open_source
+from .storage import redact
 
-COMMANDS = ("mount", "umount", "ls", "cat", "inspect")
+COMMANDS = ("mount", "umount", "ls", "cat", "inspect", "stats", "refresh", "doctor")
+
+#: hidden control files the daemon answers at the mount root (found by name only, never listed)
+STATS_FILE = ".zvfs.stats"
+REFRESH_FILE = ".zvfs.refresh"
+
+#: the PATH mount.fuse3 gives the helper it runs (`/bin/sh -c 'zvfs ...'`), and where mount(8)
+#: looks for `mount.zvfs`
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MOUNT_HELPER = "/sbin/mount.zvfs"
+
+#: inspect --strict: the store has bad shards (distinct from 1, a failure to inspect at all)
+STRICT_PROBLEMS = 3
 
 DESCRIPTION = """\
 zvfs shows a sharded chunked store (Zarr v3 with sharding_indexed, Neuroglancer precomputed
 with neuroglancer_uint64_sharded_v1, ZVF) as its unsharded equivalent: one file per inner
 chunk, metadata rewritten, bytes passed through; also as N5 or Zarr v2 (--view). Read-only.
-SOURCE is a local path or an fsspec URL (http(s)://, s3://, gs://, ...)."""
+SOURCE is a local path or an fsspec URL (http(s)://, s3://, gs://, ...); prefer credential
+files or environment variables over passwords in URLs."""
+
+EPILOG = """\
+mount(8) runs `zvfs SOURCE MOUNTPOINT -o OPTS` for `-t fuse.zvfs` and fstab: that form mounts
+when SOURCE contains '/' (or exists) and MOUNTPOINT follows."""
+
+
+class UsageError(ZvfsError):
+    """A command line zvfs cannot run: one line, exit 2 (1 as a mount helper)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that fails with one line (usage errors are one line like every other failure)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+class _PrintManPage(argparse.Action):
+    """`--print-man`: the man page, generated from this very parser (argparse-manpage)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the man page (roff) and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from argparse_manpage.manpage import Manpage
+
+        data = {"version": __version__, "project_name": "zvfs", "manual_section": "1", "manual_title": "zvfs manual"}
+        print(Manpage(parser, _data=data))
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zvfs", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="zvfs", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"zvfs {__version__}")
+    shtab.add_argument_to(p, "--print-completion", help="print a shell completion script (bash, zsh, tcsh) and exit")
+    p.add_argument("--print-man", action=_PrintManPage)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     m = sub.add_parser(
@@ -41,11 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _source_args(m)
-    m.add_argument("mountpoint", metavar="MOUNTPOINT")
+    _mountpoint_arg(m)
     m.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground and log to stderr (for systemd)")
 
-    u = sub.add_parser("umount", help="unmount a zvfs mount", description="Unmount a zvfs mount point.")
-    u.add_argument("mountpoint", metavar="MOUNTPOINT")
+    u = sub.add_parser("umount", help="unmount a zvfs mount", description="Unmount a zvfs mount point (and only a zvfs one).")
+    _mountpoint_arg(u)
     u.add_argument("-z", "--lazy", action="store_true", help="detach now, finish when no longer busy")
 
     ls = sub.add_parser("ls", help="list a directory of the virtual tree without mounting",
@@ -60,21 +125,40 @@ def _parser() -> argparse.ArgumentParser:
     cat.add_argument("path", metavar="PATH")
 
     ins = sub.add_parser("inspect", help="describe the arrays of a store and their shards",
-                         description="Per array: shape, dtype, shard and inner chunk shape, codecs, shards and chunks present, bytes.")
+                         description="Per array: shape, dtype, shard and inner chunk shape, codecs, shards and chunks present, "
+                                     "bytes, and the shards that are damaged (listed in the array's section; inspect goes on).")
     _source_args(ins)
     ins.add_argument("--json", action="store_true", help="machine-readable output")
+    ins.add_argument("--strict", action="store_true", help=f"exit with status {STRICT_PROBLEMS} when a shard is damaged")
+
+    st = sub.add_parser("stats", help="live counters of a mount",
+                        description="Files read, bytes served, backend requests and bytes, retries, EIO answers, caches.")
+    _mountpoint_arg(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    rf = sub.add_parser("refresh", help="drop a mount's caches (after the store changed)",
+                        description="Drop the caches of a mount and invalidate the kernel's entries, so the next reads see the store as it is now.")
+    _mountpoint_arg(rf)
+
+    sub.add_parser("doctor", help="check that this machine can mount zvfs (and say what to fix)",
+                   description="Check fuse3 (fusermount3, mount.fuse3), /dev/fuse, user_allow_other in /etc/fuse.conf "
+                               "and the helpers mount(8) runs (zvfs on the standard PATH, /sbin/mount.zvfs).")
     return p
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
-    """SOURCE and the options that shape its tree, shared by ls, cat and inspect."""
-    p.add_argument("source", metavar="SOURCE")
+    """SOURCE and the options that shape its tree, shared by mount, ls, cat and inspect."""
+    p.add_argument("source", metavar="SOURCE").complete = shtab.DIRECTORY
     p.add_argument("--view", help="view to show (default: zarr for Zarr stores)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=V...]", help="options as for mount")
 
 
+def _mountpoint_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("mountpoint", metavar="MOUNTPOINT").complete = shtab.DIRECTORY
+
+
 def _fail(message: str, status: int = 2) -> int:
-    print(f"zvfs: {message}", file=sys.stderr)
+    print("\n".join(f"zvfs: {line}" for line in message.splitlines()), file=sys.stderr)
     return status
 
 
@@ -85,31 +169,176 @@ def _mount_options(args) -> MountOptions:
     return opts
 
 
-def cmd_mount(args, argv: list[str]) -> int:
+# --------------------------------------------------------------------------- credentials
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]+")
+
+
+def shown(text: str) -> str:
+    """`text` with every URL in it as it may be shown (no user:password, no query string)."""
+
+    def one(m: re.Match) -> str:
+        try:
+            return redact(m.group())
+        except ValueError:  # unparseable: show the scheme only
+            return m.group().split("://", 1)[0] + "://..."
+
+    return _URL.sub(one, text)
+
+
+def _hide_credentials(argv: list[str], helper: bool) -> None:
+    """Re-execute with credentials out of this process's argv (see the module docstring);
+    returns only when there are none."""
+    if all(shown(a) == a for a in sys.argv[1:]):
+        return
+    title = [shown(a) for a in argv]
+    env = {**os.environ, ARGV_ENV: json.dumps({"argv": argv, "helper": helper})}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "zvfs", *title], env)
+
+
+# --------------------------------------------------------------------------- mount and umount
+
+
+def cmd_mount(args) -> int:
     opts = _mount_options(args)
+    check_log_target(opts)
+    # the daemon runs in /, so every path it is given is absolute
+    source = args.source if "://" in args.source else os.path.abspath(args.source)
     mountpoint = os.path.abspath(args.mountpoint)
+    if opts.log_file:
+        opts.log_file = os.path.abspath(opts.log_file)
     if args.foreground:
-        return run_foreground(args.source, mountpoint, opts)
-    child_argv = ["mount", args.source, mountpoint, *[a for o in args.options for a in ("-o", o)]]
+        return run_foreground(source, mountpoint, opts)
+    child_argv = ["mount", source, mountpoint, *[a for o in args.options for a in ("-o", o)], "--foreground"]
+    if opts.log_file:
+        child_argv += ["-o", f"log={opts.log_file}"]
     if args.view:
         child_argv += ["--view", args.view]
-    status, error = spawn_daemon(args.source, mountpoint, child_argv, opts)
-    if error:
-        return _fail(error, status or 1)
-    return 0
+    env = {ARGV_ENV: json.dumps({"argv": child_argv, "helper": False})}
+    status, error = spawn_daemon(source, mountpoint, opts, env)
+    return _fail(error, status or 1) if error else 0
+
+
+def _zvfs_mount_point(path: str) -> str:
+    """The mount point of the zvfs mount at `path` (from the mount table, never a stat)."""
+    mounted = mount_at(path)
+    if mounted is None:
+        raise StorageError(f"{path}: not mounted")
+    if mounted.fstype != FSTYPE:
+        raise StorageError(f"{path}: not a zvfs mount ({mounted.fstype} from {mounted.source}); zvfs leaves it alone")
+    return mounted.point
 
 
 def cmd_umount(args) -> int:
-    cmd = ["fusermount3", "-u" + ("z" if args.lazy else ""), args.mountpoint]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    point = _zvfs_mount_point(args.mountpoint)
+    res = subprocess.run(["fusermount3", "-u" + ("z" if args.lazy else ""), point], capture_output=True, text=True)
     if res.returncode == 0:
         return 0
     err = res.stderr.strip()
     if "busy" in err.lower():
         return _fail(f"{args.mountpoint}: mount point is busy (files open or a shell inside); retry later or use 'zvfs umount --lazy'", 1)
-    if "not found in /etc/mtab" in err or "not mounted" in err.lower():
-        return _fail(f"{args.mountpoint}: not mounted", 1)
     return _fail(err.splitlines()[-1] if err else f"fusermount3 exited with status {res.returncode}", 1)
+
+
+# --------------------------------------------------------------------------- stats and refresh
+
+
+def _control(point: str, name: str) -> dict:
+    """Read one of the daemon's control files (a JSON object)."""
+    try:
+        with open(os.path.join(point, name), "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        if e.errno == 107:  # ENOTCONN
+            raise StorageError(f"{point}: the daemon is gone (stale mount); clear it with 'zvfs umount {point}'") from None
+        raise StorageError(f"{point}: cannot read {name} ({e.strerror}); is its daemon older than this zvfs?") from None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise StorageError(f"{point}: {name} is not a JSON object")
+    return value
+
+
+def _stats_table(stats: dict, point: str) -> str:
+    counters = ("files_read", "bytes_served", "backend_requests", "backend_bytes", "retries", "eio")
+    lines = [f"{point}: zvfs {stats.get('zvfs_version', '?')}"]
+    lines += [f"  {name.replace('_', ' '):<18} {stats[name]:>14}" for name in counters if name in stats]
+    caches = stats.get("caches") or {}
+    if caches:
+        lines.append(f"  {'cache':<18} {'hits':>14} {'misses':>10} {'bytes':>14}")
+        for name, c in caches.items():
+            lines.append(f"  {name:<18} {c.get('hits', 0):>14} {c.get('misses', 0):>10} {c.get('bytes', 0):>14}")
+    return "\n".join(lines)
+
+
+def cmd_stats(args) -> int:
+    point = _zvfs_mount_point(args.mountpoint)
+    stats = _control(point, STATS_FILE)
+    print(json.dumps(stats, indent=2) if args.json else _stats_table(stats, point))
+    return 0
+
+
+def cmd_refresh(args) -> int:
+    point = _zvfs_mount_point(args.mountpoint)
+    if _control(point, REFRESH_FILE).get("refreshed") is not True:
+        raise StorageError(f"{point}: the daemon did not confirm the refresh")
+    print(f"{point}: caches dropped")
+    return 0
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def _doctor_checks() -> list[tuple[bool, str, str]]:
+    """(fine, what was checked, what to do about it)."""
+    out = []
+    fusermount = shutil.which("fusermount3", path=STANDARD_PATH)
+    out.append((fusermount is not None, f"fusermount3: {fusermount or 'missing'}", "install fuse3 (apt-get install fuse3)"))
+    helper = shutil.which("mount.fuse3", path=STANDARD_PATH)
+    out.append((helper is not None, f"mount.fuse3 (mount -t fuse.zvfs, fstab): {helper or 'missing'}", "install fuse3 (apt-get install fuse3)"))
+    try:
+        st = os.stat("/dev/fuse")
+        if not stat.S_ISCHR(st.st_mode):
+            raise OSError(0, "not a character device")
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+        out.append((True, "/dev/fuse: usable", ""))
+    except OSError as e:
+        out.append((False, f"/dev/fuse: {e.strerror}",
+                    "load the fuse module (modprobe fuse); in a container pass the device (--device /dev/fuse); "
+                    "as a user, /dev/fuse must be readable and writable by you"))
+    try:
+        with open("/etc/fuse.conf") as f:
+            allow = any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        allow = False
+    root = os.geteuid() == 0
+    out.append((allow or root, "user_allow_other in /etc/fuse.conf: " + ("yes" if allow else "no (root does not need it)" if root else "no"),
+                "add a line 'user_allow_other' to /etc/fuse.conf (as root) to use -o allow_other as a user"))
+    here = shutil.which("zvfs") or os.path.join(os.path.dirname(sys.executable), "zvfs")
+    std = shutil.which("zvfs", path=STANDARD_PATH)
+    out.append((std is not None, f"zvfs on the standard PATH (mount.fuse3 runs it): {std or 'missing'}",
+                f"ln -s {here} /usr/local/bin/zvfs"))
+    ok = os.access(MOUNT_HELPER, os.X_OK)
+    out.append((ok, f"{MOUNT_HELPER} (mount -t zvfs): {'present' if ok else 'missing'}",
+                f"ln -s {os.path.join(os.path.dirname(here), 'mount.zvfs')} {MOUNT_HELPER}"))
+    return out
+
+
+def cmd_doctor(args) -> int:
+    problems = 0
+    for fine, what, fix in _doctor_checks():
+        print(f"{'ok' if fine else 'MISSING':<8} {what}" + ("" if fine else f"\n         fix: {fix}"))
+        problems += not fine
+    if problems:
+        print(f"{problems} problem(s): zvfs cannot mount (or mount(8) cannot run it) until they are fixed", file=sys.stderr)
+    return 1 if problems else 0
+
+
+# --------------------------------------------------------------------------- without mounting
 
 
 async def _ls(args) -> int:
@@ -151,39 +380,23 @@ async def _cat(args) -> int:
 
 
 async def _inspect(args) -> int:
+    logging.getLogger("zvfs").setLevel(logging.ERROR)  # damaged shards are in the report, not logged twice
     src = await open_source(args.source, _mount_options(args))
     try:
         described = await report.describe(src)
         print(json.dumps(described, indent=2) if args.json else report.render(described))
-        return 0
+        return STRICT_PROBLEMS if args.strict and report.problems(described) else 0
     finally:
         await src.store.aclose()
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if ARGV_ENV in os.environ:  # a daemon started by `zvfs mount`: its real arguments
-        argv = json.loads(os.environ.pop(ARGV_ENV))
-    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
-        argv = ["mount", *_strip_helper_flags(argv)]
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "mount":
-            return cmd_mount(args, argv)
-        if args.command == "umount":
-            return cmd_umount(args)
-        return trio.run({"ls": _ls, "cat": _cat, "inspect": _inspect}[args.command], args)
-    except OptionError as e:
-        return _fail(str(e))
-    except (CorruptShardError, StorageError) as e:
-        return _fail(str(e), 1)
-    except ZvfsError as e:
-        return _fail(str(e))
-    except BrokenPipeError:
-        return 0
-    except KeyboardInterrupt:
-        return 130
+# --------------------------------------------------------------------------- entry points
+
+
+def _is_bare_mount(argv: list[str]) -> bool:
+    """`zvfs SOURCE MOUNTPOINT ...` as mount.fuse3 runs it (see the module docstring)."""
+    return (len(argv) >= 2 and argv[0] not in COMMANDS and not argv[0].startswith("-") and not argv[1].startswith("-")
+            and ("/" in argv[0] or os.path.exists(argv[0])))
 
 
 def _strip_helper_flags(argv: list[str]) -> list[str]:
@@ -191,9 +404,53 @@ def _strip_helper_flags(argv: list[str]) -> list[str]:
     return [a for a in argv if a not in ("-n", "-s", "-v")]
 
 
+def _run(argv: list[str]) -> int:
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        raise UsageError(f"unknown command '{shown(argv[0])}' (commands: {', '.join(COMMANDS)}; see 'zvfs --help')")
+    args = _parser().parse_args(argv)
+    where = shown(getattr(args, "source", None) or getattr(args, "mountpoint", None) or "zvfs")
+    try:
+        if args.command in ("mount", "umount", "stats", "refresh", "doctor"):
+            return globals()[f"cmd_{args.command}"](args)
+        return trio.run({"ls": _ls, "cat": _cat, "inspect": _inspect}[args.command], args)
+    except OptionError as e:
+        raise UsageError(str(e)) from None
+    except (CorruptShardError, StorageError) as e:
+        return _fail(str(e), 1)
+    except ZvfsError as e:
+        return _fail(str(e))
+    except RecursionError:
+        return _fail(f"{where}: nested too deeply to read", 2)
+    except (OSError, ValueError) as e:  # what the backends raise for unusable URLs and hosts
+        text = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
+        return _fail(f"{where}: {shown(text)}", 1)
+
+
+def main(argv: list[str] | None = None, helper: bool = False) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if ARGV_ENV in os.environ:  # re-executed without credentials in argv: the real arguments
+        real = json.loads(os.environ.pop(ARGV_ENV))
+        argv, helper = real["argv"], real["helper"]
+    if _is_bare_mount(argv):
+        argv, helper = ["mount", *_strip_helper_flags(argv)], True
+    _hide_credentials(argv, helper)
+    try:
+        status = _run(argv)
+    except UsageError as e:
+        _fail(str(e))
+        return 1 if helper else 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        status = 130
+    if helper and status:
+        return 8 if status >= 128 else 32
+    return status
+
+
 def mount_helper_main() -> int:
     """`mount.zvfs SOURCE DIR [-o OPTS] [-n] [-s] [-v] [-f]`, as mount(8) calls helpers."""
-    return main(["mount", *_strip_helper_flags(sys.argv[1:])])
+    return main(["mount", *_strip_helper_flags(sys.argv[1:])], helper=True)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,25 @@ number of chunk files a mount lists.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 
+from tqdm import tqdm
+
+from .errors import CorruptShardError, ShardChanged, StorageError
 from .formats import precomputed, zvf
-from .formats.zarr3 import META, ArrayNode, ShardedArray, child_path
+from .formats.zarr3 import EMPTY, META, ArrayNode, ShardedArray, child_path
 from .source import OpenSource
 from .storage.base import Store
+
+#: what one damaged shard raises; inspect lists it in its array's section and goes on
+SHARD_PROBLEMS = (CorruptShardError, ShardChanged, StorageError)
+
+
+def _progress(items, what: str):
+    """A progress bar on stderr for the shards of one array (a large store takes minutes);
+    tqdm shows nothing when stderr is not a terminal, so pipes and logs stay clean."""
+    return tqdm(items, desc=what or "/", unit="shard", disable=None, leave=False, file=sys.stderr)
 
 
 async def _stored_keys(store: Store, prefix: str) -> list[int]:
@@ -48,15 +61,31 @@ async def _describe_array(src: OpenSource, node: ArrayNode) -> dict:
         return info
     array = ShardedArray(node, src.store, src.cache)
     shards = chunks = nbytes = 0
-    for shard in array.shards():
-        if await array.index(array.shard_key(shard), 0, None, 0) is None:
+    problems = []
+    for shard in _progress(await array.stored_shards(), node.path):
+        key = array.shard_key(shard)
+        try:
+            head = await array.head(key)
+        except SHARD_PROBLEMS as e:
+            shards += 1
+            problems.append(str(e))
+            continue
+        if head is None:
             continue
         shards += 1
+        outside = len(head.entries) - len(head.present()) - int((head.entries[:, 0] == EMPTY).sum())
+        if outside:
+            problems.append(f"corrupt shard {key}: {outside} index entries point outside the shard")
         found = await array.chunks_in_shard(shard)
         chunks += len(found.coords)
         nbytes += int(found.lengths.sum())
-    info.update(shards_present=shards, chunks_present=chunks, bytes=nbytes)
+    info.update(shards_present=shards, chunks_present=chunks, bytes=nbytes, problems=problems)
     return info
+
+
+def problems(report: dict) -> list[str]:
+    """Every damaged shard the report found (`inspect --strict` fails on any)."""
+    return [p for a in report.get("arrays", []) for p in a.get("problems", [])]
 
 
 async def describe(src: OpenSource) -> dict:
@@ -102,7 +131,7 @@ async def _describe_precomputed(src: OpenSource) -> dict:
     for sd in ds.sharded.values():
         kv = precomputed.ShardedKV(src.store, sd.path, sd.spec, src.cache)
         per_shard = {}
-        for shard in await kv.shards():
+        for shard in _progress(await kv.shards(), sd.path):
             per_shard[sd.spec.shard_name(shard)] = len(await kv.ids_in_shard(shard))
         entry = {"path": sd.path, "kind": sd.kind, "sharding": asdict(sd.spec),
                  "shards_present": len(per_shard), "chunks": sum(per_shard.values()), "chunks_per_shard": per_shard}
@@ -150,6 +179,10 @@ def render(report: dict) -> str:
             lines.append(f"  WARNING: {a['warning']}")
         if not a["in_view"]:
             lines.append(f"  ABSENT: {a['view_warning']}")
+        lines += [f"  DAMAGED: {p}" for p in a.get("problems", [])]
+    found = problems(report)
+    if found:
+        lines.append(f"\n{len(found)} damaged shard(s): their chunk files read as EIO, the rest of the store is served")
     return "\n".join(lines)
 
 
