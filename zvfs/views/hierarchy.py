@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from ..errors import MetadataError
 from ..formats.zarr3 import ArrayNode, GroupNode, PlainArray, ShardedArray, child_path
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
@@ -41,7 +42,8 @@ class HierarchyView:
                 except NotExpressible as e:
                     self.absent[path] = str(e)
                     log.warning("%s view: array %s is not shown: %s", self.name, path or "/", e)
-        self.node_for("")
+        if self.node_for("") is None:  # a mount whose root would be ENOENT is refused
+            raise MetadataError(f"{store.display} (--view {self.name})", f"the root array cannot be shown: {self.absent['']}")
 
     def source(self, node: ArrayNode) -> ShardedArray | PlainArray:
         return ShardedArray(node, self.store, self.cache) if node.plan else PlainArray(node, self.store)
@@ -61,6 +63,10 @@ class HierarchyView:
 
     def check(self, node: ArrayNode) -> None:
         """Raise NotExpressible if the array cannot be shown."""
+
+    def child_names(self, group: GroupNode) -> dict[str, str]:
+        """The group's children: name in the view -> stored name (N5 renames OME levels)."""
+        return {name: name for name in group.children}
 
     def group_files(self, group: GroupNode) -> dict[str, bytes]:
         raise NotImplementedError
@@ -91,14 +97,13 @@ class GroupDir(Dir):
         files = self._files()
         if name in files:
             return files[name]
-        if name in self.group.children:
-            return self.view.node_for(child_path(self.group.path, name))
-        return None
+        stored = self.view.child_names(self.group).get(name)
+        return None if stored is None else self.view.node_for(child_path(self.group.path, stored))
 
     async def entries(self) -> list[tuple[str, Node]]:
         out = list(self._files().items())
-        for name in self.group.children:
-            node = self.view.node_for(child_path(self.group.path, name))
+        for name, stored in self.view.child_names(self.group).items():
+            node = self.view.node_for(child_path(self.group.path, stored))
             if node is not None:
                 out.append((name, node))
         return sorted(out, key=lambda e: e[0])

@@ -5,27 +5,40 @@ the data, big-endian, compressed).
 Bytes pass through behind the header where the chunk data already is what N5 wants
 (big-endian or one-byte values, no transpose, at most one of gzip/zstd/blosc); such blocks keep
 the full chunk size at the array end, which N5 allows. Otherwise blocks are transcoded:
-decoded, cropped at the array end, byte-swapped, encoded with `n5_compression` (raw by
-default, so their sizes are known without decoding). N5 has no fill value: an array whose fill
-value is not zero gets a fill block for every chunk that is not stored.
+decoded by zarr's codecs (formats/codecs.py: any chain zarr decodes, with output limits),
+cropped at the array end, byte-swapped, encoded with `n5_compression` (raw by default, so
+their sizes are known without decoding). Both paths read the chunk through `RangeFile`, so
+they get the same length and version checks as the Zarr views' chunk files.
+
+N5 has no fill value: in an array whose fill value is not zero, a chunk that is not stored is
+a fill block. Fill blocks are found by name (a lookup of any grid position) but listings show
+only the stored chunks: listing them would mean building every grid position (a 10^6-chunk
+grid is 10^6 entries for a handful of stored chunks).
+
+OME-Zarr multiscale images carry the N5 multiscale conventions (views/ome.py); their levels
+are named s0, s1, ... as those tools require.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import logging
 import math
 import struct
 
 import numpy as np
 
+from ..errors import CorruptShardError
 from ..formats.chunkref import ChunkRef
-from ..formats.codecs import BLOSC_SHUFFLE, Chain, compressor, config_of, name_of
-from ..formats.zarr3 import ArrayNode, ChunkTable, GroupNode
-from ..tree import File
+from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, Chain, DecodeError, compressor, config_of, fill_value, name_of
+from ..formats.zarr3 import ArrayNode, ChunkTable, GroupNode, child_path
+from ..tree import File, RangeFile
 from .chunks import Layout, MakeFile
 from .hierarchy import HierarchyView, NotExpressible
+from .ome import N5Multiscale
 from .zarr2 import leaf_chunks, leaf_codecs
+
+log = logging.getLogger("zvfs.view")
 
 N5_VERSION = "2.0.0"  # older Java readers refuse newer versions than theirs
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}
@@ -63,11 +76,10 @@ class ArraySpec:
         self.chunk = leaf_chunks(node)
         self.shape = node.shape
         ndim = len(node.shape)
-        self.passthrough = (chain.order in (None, tuple(range(ndim))) and chain.endian in ("|", ">")
-                            and len(chain.compressors) <= 1)
+        self.passthrough = (chain.serializer == "bytes" and not chain.array_codecs and chain.endian in ("|", ">")
+                            and len(chain.compressors) <= 1 and all(name_of(c) in COMPRESSORS for c in chain.compressors))
         self.codec = (chain.compressors[0] if chain.compressors else None) if self.passthrough else output_codec
-        fill = node.meta.get("fill_value", 0)
-        self.fill = np.array(float(fill) if isinstance(fill, str) else fill, dtype=self.dtype_be)
+        self.fill = np.array(fill_value(self.data_type, node.meta.get("fill_value", 0)), dtype=self.dtype_be)
         self.needs_fill = bool(np.any(self.fill.reshape(1).view(np.uint8)))  # N5 reads missing blocks as zero bytes
 
     def cropped(self, coords) -> tuple[int, ...]:
@@ -79,7 +91,8 @@ class ArraySpec:
 
 
 class FilledSource:
-    """A chunk source where every grid position exists: chunks not stored are fill blocks."""
+    """A chunk source where every grid position exists: a chunk not stored is a fill block.
+    Listings (tables) show the stored chunks only; see the module docstring."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -95,37 +108,28 @@ class FilledSource:
         return await self.inner.locate(coords) or ChunkRef(FILL_KEY, 0, 0)
 
     async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]:
-        stored = await self.inner.tables(fixed)
-        axes = [[fixed[a]] if a in fixed else range(g) for a, g in enumerate(self.grid)]
-        every = np.array(list(itertools.product(*axes)), dtype=np.int64).reshape(-1, self.ndim)
-        have = np.concatenate([t.coords for t in stored]) if stored else np.zeros((0, self.ndim), np.int64)
-        if self.ndim:
-            missing = every[~np.isin(np.ravel_multi_index(every.T, self.grid), np.ravel_multi_index(have.T, self.grid))]
-        else:
-            missing = every[:0] if len(have) else every
-        fill = ChunkTable(missing, np.zeros(len(missing), np.uint64), np.zeros(len(missing), np.uint64), key=FILL_KEY)
-        return [*stored, fill]
+        return await self.inner.tables(fixed)
 
 
 class N5Block(File):
-    __slots__ = ("view", "spec", "ref", "coords")
+    __slots__ = ("view", "spec", "data", "coords")
 
     def __init__(self, ino: int, view: "N5View", spec: ArraySpec, ref: ChunkRef, coords: tuple[int, ...]):
         super().__init__(ino)
         self.view = view
         self.spec = spec
-        self.ref = ref
+        self.data = None if ref.key == FILL_KEY else RangeFile(ino, view.store, ref)  # the stored chunk
         self.coords = coords
 
     @property
     def _direct(self) -> bool:
         """Header + the stored bytes, read by range."""
-        return self.spec.passthrough and self.ref.key != FILL_KEY
+        return self.spec.passthrough and self.data is not None
 
     def known_size(self) -> int | None:
         spec = self.spec
         if self._direct:
-            return len(block_header(spec.chunk)) + self.ref.length
+            return len(block_header(spec.chunk)) + self.data.ref.length
         if spec.codec is None and not spec.passthrough:
             dims = spec.cropped(self.coords)
             return len(block_header(dims)) + math.prod(dims) * spec.dtype_be.itemsize
@@ -140,11 +144,17 @@ class N5Block(File):
         spec = self.spec
 
         async def build() -> bytes:
-            if self.ref.key == FILL_KEY:
+            if self.data is None:
                 dims = spec.chunk if spec.passthrough else spec.cropped(self.coords)
                 return block_header(dims) + spec.encode(np.broadcast_to(spec.fill, dims))
-            raw = await self.view.store.read(self.ref.key, self.ref.offset, self.ref.length)
-            arr = spec.chain.decode(raw, spec.data_type, spec.chunk)
+            ref = self.data.ref
+            raw = await self.data.read(0, ref.length)
+            try:
+                arr = spec.chain.decode(raw, spec.data_type, spec.chunk)
+            except DecodeError as e:
+                err = CorruptShardError(ref.key, f"chunk {list(self.coords)} of {spec.node.path or '/'}: {e}")
+                log.warning("%s", err)
+                raise err from None
             dims = spec.cropped(self.coords)
             return block_header(dims) + spec.encode(arr[tuple(slice(0, d) for d in dims)])
 
@@ -156,11 +166,8 @@ class N5Block(File):
             return (await self._block())[offset:offset + size]
         header = block_header(self.spec.chunk)
         out = header[offset:offset + size]
-        start = max(0, offset - len(header))
-        want = min(size - len(out), self.ref.length - start)
-        if want > 0:
-            data = await self.view.store.read(self.ref.key, self.ref.offset + start, want, extent=self.ref.offset + self.ref.length)
-            out += data or b""
+        if size > len(out):
+            out += await self.data.read(max(0, offset - len(header)), size - len(out))
         return out
 
 
@@ -170,6 +177,19 @@ class N5View(HierarchyView):
     def __init__(self, store, nodes, cache, decoded, compression: str = "raw"):
         self.output_codec = None if compression == "raw" else {"name": compression, "configuration": {}}
         self.specs: dict[str, ArraySpec] = {}
+        self.multiscales: dict[str, N5Multiscale] = {}  # image group path -> its N5 conventions
+        self.levels: dict[str, tuple[N5Multiscale, str]] = {}  # level array path -> (its image, path in it)
+        for path, node in nodes.items():
+            if isinstance(node, GroupNode):
+                is_array = lambda p, g=path: isinstance(nodes.get(child_path(g, p)), ArrayNode)  # noqa: E731
+                ms = N5Multiscale.from_attributes(node.meta.get("attributes") or {}, is_array)
+                if ms is not None:
+                    self.multiscales[path] = ms
+                    self.levels.update({child_path(path, p): (ms, p) for p in ms.levels})
+        self.nodes = nodes
+        for path, ms in self.multiscales.items():
+            if set(self._shown_children(nodes[path])) & set(ms.names):  # a child already has a level's name
+                ms.names = {}
         super().__init__(store, nodes, cache, decoded)
 
     def check(self, node: ArrayNode) -> None:
@@ -182,21 +202,46 @@ class N5View(HierarchyView):
         if node.meta.get("storage_transformers"):
             raise NotExpressible("storage transformers")
         chain = Chain.parse(leaf_codecs(node), node.meta["data_type"], len(node.shape))
-        if chain is None or chain.serializer != "bytes":
-            raise NotExpressible(f"codecs {[name_of(c) for c in leaf_codecs(node)]} cannot be decoded here")
-        self.specs[node.path] = ArraySpec(node, chain, self.output_codec)
+        if chain is None:
+            raise NotExpressible(f"codecs {[name_of(c) for c in leaf_codecs(node)]} cannot be decoded by zarr")
+        try:
+            self.specs[node.path] = ArraySpec(node, chain, self.output_codec)
+        except (ValueError, TypeError) as e:
+            raise NotExpressible(f"fill value {node.meta.get('fill_value')!r}: {e}") from None
+
+    def child_names(self, group: GroupNode) -> dict[str, str]:
+        """In an OME image group the levels are s0, s1, ... (what N5 multiscale readers open);
+        children that hold nothing but levels (ngff-zarr's `scale0/` groups) are not shown
+        again under their stored names."""
+        ms = self.multiscales.get(group.path)
+        if ms is None or not ms.names:
+            return super().child_names(group)
+        return {**{n: n for n in self._shown_children(group)}, **ms.names}
+
+    def _shown_children(self, group: GroupNode) -> list[str]:
+        return [n for n in group.children if not self._only_levels(child_path(group.path, n))]
+
+    def _only_levels(self, path: str) -> bool:
+        node = self.nodes.get(path)
+        if isinstance(node, ArrayNode):
+            return path in self.levels
+        return isinstance(node, GroupNode) and all(self._only_levels(child_path(path, c)) for c in node.children)
 
     def source(self, node: ArrayNode):
         inner = super().source(node)
         return FilledSource(inner) if self.specs[node.path].needs_fill else inner
 
-    def _attributes(self, meta: dict, own: dict, path: str) -> bytes:
-        user = {k: v for k, v in (meta.get("attributes") or {}).items() if k not in own and k not in DATASET_KEYS and k != "n5"}
+    def _attributes(self, attrs: dict, own: dict, path: str) -> bytes:
+        user = {k: v for k, v in attrs.items() if k not in own and k not in DATASET_KEYS and k != "n5"}
         root = {"n5": N5_VERSION} if path == "" else {}
         return json.dumps({**root, **user, **own}, indent=2).encode()
 
     def group_files(self, group: GroupNode) -> dict[str, bytes]:
-        return {"attributes.json": self._attributes(group.meta, {}, group.path)}
+        attrs = group.meta.get("attributes") or {}
+        ms = self.multiscales.get(group.path)
+        if ms is not None:
+            return {"attributes.json": self._attributes(ms.ome_attributes(attrs), ms.group_attributes(), group.path)}
+        return {"attributes.json": self._attributes(attrs, {}, group.path)}
 
     def array_files(self, node: ArrayNode) -> dict[str, bytes]:
         spec = self.specs[node.path]
@@ -209,7 +254,10 @@ class N5View(HierarchyView):
         names = node.meta.get("dimension_names")
         if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
             own["axes"] = list(reversed(names))
-        return {"attributes.json": self._attributes(node.meta, own, node.path)}
+        if node.path in self.levels:
+            ms, level = self.levels[node.path]
+            own.update(ms.level_attributes(level))
+        return {"attributes.json": self._attributes(node.meta.get("attributes") or {}, own, node.path)}
 
     def layout(self, node: ArrayNode) -> Layout:
         return Layout.n5(len(node.shape))
@@ -217,4 +265,3 @@ class N5View(HierarchyView):
     def make_file(self, node: ArrayNode, source) -> MakeFile:
         spec = self.specs[node.path]
         return lambda ino, ref, coords: N5Block(ino, self, spec, ref, coords)
-

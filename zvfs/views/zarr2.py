@@ -4,21 +4,22 @@ An array is expressible when its (innermost) chunk codecs are
 `[transpose fully reversed]? (bytes | vlen-bytes) [gzip | zstd | blosc]?`: then the chunk bytes
 pass through unchanged under v2 keys, and `.zarray` says the same thing in v2 terms (dtype
 with the byte order of the `bytes` codec, `order` "F" for a reversing transpose, one
-compressor, the `vlen-bytes` filter for variable-length bytes). `.zattrs` carries the
-attributes plus `_ARRAY_DIMENSIONS` from `dimension_names`.
+compressor, the `vlen-bytes` filter for variable-length bytes, the fill value in v2's JSON
+form for the data type). `.zattrs` carries the attributes plus `_ARRAY_DIMENSIONS` from
+`dimension_names`, with OME-Zarr 0.5 metadata in its OME-NGFF 0.4 form (views/ome.py), so
+that 0.4 tools find the images.
 """
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
-
-from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of
+from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, Chain, config_of, fill_value_json, name_of
 from ..formats.zarr3 import ArrayNode, GroupNode
 from ..tree import RangeFile
 from .chunks import Layout, MakeFile
 from .hierarchy import HierarchyView, NotExpressible
+from .ome import ome04_attributes
 
 
 def _dumps(obj: dict) -> bytes:
@@ -54,15 +55,19 @@ class Zarr2View(HierarchyView):
         if node.meta.get("storage_transformers"):
             raise NotExpressible("storage transformers")
         chain = Chain.parse(leaf_codecs(node), node.meta["data_type"], len(node.shape))
-        if chain is None:
+        if chain is None or not chain.plain or any(name_of(c) not in COMPRESSORS for c in chain.compressors):
             raise NotExpressible(f"codecs {[name_of(c) for c in leaf_codecs(node)]} have no Zarr v2 equivalent")
         if len(chain.compressors) > 1:
             raise NotExpressible("more than one bytes->bytes codec (v2 has one compressor)")
         ndim = len(node.shape)
         if chain.order not in (None, tuple(range(ndim)), tuple(reversed(range(ndim)))):
             raise NotExpressible(f"transpose {list(chain.order)} is neither C nor F order")
-        if chain.serializer == "bytes" and np.dtype(node.meta["data_type"]).kind == "c":
-            raise NotExpressible("complex fill values have no v2 JSON form here")
+        if chain.dtype().fields is not None:
+            raise NotExpressible("structured data types are not shown")
+        try:
+            fill_value_json(node.meta["data_type"], node.meta.get("fill_value"), 2)
+        except (ValueError, TypeError) as e:
+            raise NotExpressible(f"fill value {node.meta.get('fill_value')!r}: {e}") from None
         return chain
 
     def check(self, node: ArrayNode) -> None:
@@ -71,26 +76,25 @@ class Zarr2View(HierarchyView):
     def group_files(self, group: GroupNode) -> dict[str, bytes]:
         files = {".zgroup": _dumps({"zarr_format": 2})}
         if group.meta.get("attributes"):
-            files[".zattrs"] = _dumps(group.meta["attributes"])
+            files[".zattrs"] = _dumps(ome04_attributes(group.meta["attributes"]))
         return files
 
     def array_files(self, node: ArrayNode) -> dict[str, bytes]:
         chain = self._chain(node)
         meta, ndim = node.meta, len(node.shape)
         vlen = chain.serializer == "vlen-bytes"
-        fill = meta.get("fill_value")
         zarray = {
             "zarr_format": 2,
             "shape": list(node.shape),
             "chunks": list(leaf_chunks(node)),
-            "dtype": "|O" if vlen else chain.dtype(meta["data_type"]).str,
+            "dtype": "|O" if vlen else chain.dtype().str,
             "compressor": v2_compressor(chain.compressors[0]) if chain.compressors else None,
-            "fill_value": None if vlen else fill,
+            "fill_value": None if vlen else fill_value_json(meta["data_type"], meta.get("fill_value"), 2),
             "order": "F" if chain.order is not None and ndim > 1 and chain.order == tuple(reversed(range(ndim))) else "C",
             "filters": [{"id": "vlen-bytes"}] if vlen else None,
             "dimension_separator": node.encoding.separator,
         }
-        attrs = dict(meta.get("attributes") or {})
+        attrs = dict(ome04_attributes(meta.get("attributes") or {}))
         names = meta.get("dimension_names")
         if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
             attrs["_ARRAY_DIMENSIONS"] = names
