@@ -263,31 +263,40 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
                 scope.cancel()  # still opening or mounting
             return
 
+    async def mount_and_serve(nursery: trio.Nursery) -> None:
+        opened = await open_source(source, opts)
+        mounted = False
+        try:
+            ops = ZvfsOperations(opened.tree)
+            pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
+            mounted = True
+            log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)
+            await trio.lowlevel.checkpoint()  # a signal that came during the mount is seen here
+            ready.send(None)
+            if background:
+                logs.detach()
+            nursery.start_soon(_tune_connection, mountpoint, opts.max_background)
+            state["serving"] = True
+            await pyfuse3.main()
+        finally:
+            with trio.CancelScope(shield=True):
+                if mounted:
+                    _sd_notify("STOPPING=1")
+                    pyfuse3.close(unmount=True)
+                    log.info("unmounted %s", mountpoint)
+                await opened.store.aclose()
+
+    failure = None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signals, signals, nursery.cancel_scope)
-            opened = await open_source(source, opts)
-            mounted = False
             try:
-                ops = ZvfsOperations(opened.tree)
-                pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
-                mounted = True
-                log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)
-                await trio.lowlevel.checkpoint()  # a signal that came during the mount is seen here
-                ready.send(None)
-                if background:
-                    logs.detach()
-                nursery.start_soon(_tune_connection, mountpoint, opts.max_background)
-                state["serving"] = True
-                await pyfuse3.main()
-                nursery.cancel_scope.cancel()
-            finally:
-                with trio.CancelScope(shield=True):
-                    if mounted:
-                        _sd_notify("STOPPING=1")
-                        pyfuse3.close(unmount=True)
-                        log.info("unmounted %s", mountpoint)
-                    await opened.store.aclose()
+                await mount_and_serve(nursery)
+            except (ZvfsError, RuntimeError) as e:  # raised here, not as an exception group
+                failure = e
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     if state["signal"] is not None and not state["serving"]:
         raise _Interrupted(state["signal"])
 
@@ -344,7 +353,8 @@ def run_foreground(source: str, mountpoint: str, opts: MountOptions) -> int:
 #: what to do about failures whose cause is known (matched against the daemon's words)
 HINTS = (
     (re.compile(r"user_allow_other"), "add a line 'user_allow_other' to /etc/fuse.conf (as root), or mount without allow_other"),
-    (re.compile(r"/dev/fuse"), "/dev/fuse is missing or not accessible: load the fuse module (modprobe fuse); in a container, pass the device (--device /dev/fuse)"),
+    (re.compile(r"/dev/fuse|modprobe fuse"), "/dev/fuse is missing or not accessible: load the fuse module (modprobe fuse); in a container, pass the device (--device /dev/fuse)"),
+    (re.compile(r"Operation not permitted"), "mounting needs root, or a set-uid fusermount3 for users; a container also needs CAP_SYS_ADMIN (see 'zvfs doctor')"),
     (re.compile(r"fusermount3?: (?:failed to exec|not found)|No such file or directory: 'fusermount3'"), "install fuse3 (apt-get install fuse3)"),
     (re.compile(r"(?i)permission denied|no write access|not owner"), "mount on a directory you own (or as root); see 'zvfs doctor'"),
 )

@@ -1,0 +1,336 @@
+"""The command line as users and mount(8) meet it: --version, unknown commands, the bare form
+mount.fuse3 runs, mount(8)'s exit codes, completion and man page, one-line failures, umount of
+zvfs mounts only (from the mount table), doctor, inspect of a store with damaged shards."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from conftest import ZVFS, force_unmount, is_mounted, run_zvfs, zvfs_mount
+
+import zvfs
+
+SAMPLE = zvfs.SAMPLE_STORE
+REPO = Path(__file__).resolve().parents[1]
+MOUNT_ZVFS = Path(sys.executable).parent / "mount.zvfs"
+COMMANDS = ["mount", "umount", "ls", "cat", "inspect", "stats", "refresh", "doctor"]
+
+
+def _one_line(stderr: bytes) -> str:
+    text = stderr.decode(errors="replace").strip()
+    assert text, "expected a message on stderr"
+    assert "Traceback" not in text, f"traceback on stderr:\n{text}"
+    assert "\n" not in text, f"expected one line on stderr, got:\n{text}"
+    return text
+
+
+def _same_as_sample(mnt: Path) -> None:
+    """zarr-python reads the mount like the sharded original."""
+    for path in ("raw/0", "labels"):
+        assert np.array_equal(zarr.open_array(mnt / path, mode="r")[...], zarr.open_array(Path(SAMPLE) / path, mode="r")[...])
+
+
+# --------------------------------------------------------------------------- surface
+
+
+def test_version_is_the_packages():
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    r = run_zvfs("--version")
+    assert r.returncode == 0
+    assert r.stdout.decode().strip() == f"zvfs {want}"
+
+
+@pytest.mark.parametrize("argv", [["mout", SAMPLE, "{mnt}"], ["frobnicate"], ["umonut", "{mnt}"]])
+def test_an_unknown_command_is_named_and_never_mounts(tmp_path, argv):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = run_zvfs(*[a.format(mnt=mnt) for a in argv])
+    assert r.returncode == 2
+    msg = _one_line(r.stderr)
+    assert f"unknown command '{argv[0]}'" in msg
+    assert not is_mounted(mnt)
+
+
+def test_the_bare_form_mounts_as_mount_fuse3_runs_it(tmp_path):
+    """mount.fuse3 runs `zvfs SOURCE DIR -o ro,dev,suid` (as root): that must mount."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        r = run_zvfs(SAMPLE, mnt, "-o", "ro,dev,suid")
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+        assert os.path.ismount(mnt)
+        _same_as_sample(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+@pytest.mark.parametrize("how", ["bare", "mount.zvfs", "mount -t zvfs"])
+def test_mount_helper_failures_use_mount_8_codes(tmp_path, how):
+    """mount(8): 32 for a mount failure, 1 for incorrect invocation."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    missing = tmp_path / "no-such-store"
+    cmd = {"bare": [*ZVFS], "mount.zvfs": [str(MOUNT_ZVFS)], "mount -t zvfs": None}[how]
+    for source, opts, want in ((missing, "ro", 32), (SAMPLE, "ro,no_such_option", 1)):
+        if cmd is None:
+            if not os.access("/sbin/mount.zvfs", os.X_OK):
+                pytest.fail("/sbin/mount.zvfs is missing: run scripts/setup (mount(8) finds helpers in /sbin only)")
+            argv = ["mount", "-t", "zvfs", str(source), str(mnt), "-o", opts]
+        else:
+            argv = [*cmd, str(source), str(mnt), "-o", opts]
+        r = subprocess.run(argv, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == want, (argv, r.stderr)
+        msg = _one_line(r.stderr)
+        assert ("no_such_option" if want == 1 else "no-such-store") in msg
+        assert not is_mounted(mnt)
+
+
+def test_bash_completion_is_generated_from_the_parser(tmp_path):
+    r = run_zvfs("--print-completion", "bash")
+    assert r.returncode == 0
+    script = tmp_path / "zvfs.bash"
+    script.write_bytes(r.stdout)
+    fn = next(line.split("()")[0].strip() for line in r.stdout.decode().splitlines() if line.startswith("_shtab_zvfs()"))
+
+    def complete(*words: str) -> list[str]:
+        probe = (f"source {script}; COMP_WORDS=(zvfs {' '.join(words)}); COMP_CWORD={len(words)}; "
+                 f"{fn}; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+        out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert sorted(complete("")) >= sorted(COMMANDS)
+    assert complete("um") == ["umount"]
+    assert "--strict" in complete("inspect", "--")
+    assert "--lazy" in complete("umount", "--")
+
+
+def test_man_page_is_generated_from_the_parser(tmp_path):
+    r = run_zvfs("--print-man")
+    assert r.returncode == 0
+    page = tmp_path / "zvfs.1"
+    page.write_bytes(r.stdout)
+    rendered = subprocess.run(["groff", "-man", "-Tutf8", "-ww", str(page)], capture_output=True, timeout=30)
+    assert rendered.returncode == 0, rendered.stderr
+    text = subprocess.run(["col", "-b"], input=rendered.stdout, capture_output=True).stdout.decode()
+    for word in [*COMMANDS, "--foreground", "--lazy", "--strict", "--json", "MOUNTPOINT", "SOURCE"]:
+        assert word in text, f"{word} missing from the man page"
+    for name in ("mount", "inspect"):  # every option a command's --help shows is on the page
+        helptext = run_zvfs(name, "--help").stdout.decode()
+        for opt in {w.strip(",[]") for w in helptext.split() if w.startswith("--") and len(w) > 3} - {"--help"}:
+            assert opt in text, f"{opt} of '{name}' missing from the man page"
+
+
+# --------------------------------------------------------------------------- one-line failures
+
+
+def _deep_store(tmp_path: Path) -> Path:
+    src = tmp_path / "deep.zarr"
+    src.mkdir()
+    depth = 200_000
+    (src / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {"x": ' + "[" * depth + "]" * depth + "}}")
+    return src
+
+
+@pytest.mark.parametrize("case", ["log=/nonexistent/x", "ftp://", "http://[::1", "deep JSON ls", "deep JSON mount", "no arguments"])
+def test_every_failure_is_one_line(tmp_path, case):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    deep = _deep_store(tmp_path) if case.startswith("deep") else None
+    args, status = {
+        "log=/nonexistent/x": (["mount", SAMPLE, mnt, "-o", "log=/nonexistent/x"], 2),
+        "ftp://": (["ls", "ftp://127.0.0.1:1/store"], 1),
+        "http://[::1": (["inspect", "http://[::1/store"], 1),
+        "deep JSON ls": (["ls", deep], 2),
+        "deep JSON mount": (["mount", deep, mnt], 2),
+        "no arguments": ([], 2),
+    }[case]
+    try:
+        r = run_zvfs(*args)
+        msg = _one_line(r.stderr)
+        assert r.returncode == status, msg
+        assert not is_mounted(mnt)
+        if case.startswith("deep"):
+            assert "zarr.json" in msg and "deep" in msg
+        if case == "log=/nonexistent/x":
+            assert "/nonexistent/x" in msg
+    finally:
+        force_unmount(mnt)
+
+
+# --------------------------------------------------------------------------- umount
+
+
+def test_umount_refuses_what_is_not_zvfs_and_says_not_mounted(tmp_path):
+    other = tmp_path / "tmpfs"
+    other.mkdir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "zvfs-test-tmpfs", str(other)], check=True)
+    try:
+        r = run_zvfs("umount", other)
+        assert r.returncode == 1
+        assert "not a zvfs mount" in _one_line(r.stderr)
+        assert os.path.ismount(other), "zvfs umount unmounted a tmpfs"
+        r = run_zvfs("umount", plain)
+        assert r.returncode == 1
+        assert "not mounted" in _one_line(r.stderr)
+    finally:
+        subprocess.run(["umount", "-l", str(other)], check=False)
+
+
+def test_umount_clears_the_stale_mount_of_a_killed_daemon(tmp_path):
+    mnt = tmp_path / "mnt"
+    with zvfs_mount(SAMPLE, mnt):
+        pids = subprocess.run(["pgrep", "-f", f"zvfs mount {SAMPLE} {mnt}"], capture_output=True, text=True).stdout.split()
+        assert pids, "daemon process not found"
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.3)
+        with pytest.raises(OSError) as e:
+            os.listdir(mnt)
+        assert e.value.errno == 107  # ENOTCONN
+        r = run_zvfs("umount", mnt)
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(mnt)
+
+
+def _autofs(point: Path):
+    """An autofs mount point whose daemon is a pipe we hold: any access that would trigger it
+    writes a packet into the pipe (and would block until answered)."""
+    r, w = os.pipe()
+    holder = subprocess.Popen(["sleep", "120"], start_new_session=True)  # the automount daemon's process group
+    subprocess.run(["mount", "-t", "autofs", "-o", f"fd={w},pgrp={holder.pid},minproto=5,maxproto=5,direct",
+                    "zvfs-test-autofs", str(point)], check=True, pass_fds=(w,))
+    os.close(w)
+    os.set_blocking(r, False)
+    return r, holder
+
+
+def test_mount_point_checks_never_trigger_an_automount(tmp_path):
+    point = tmp_path / "auto"
+    point.mkdir()
+    r, holder = _autofs(point)
+    try:
+        for args in (["umount", point], ["stats", point], ["refresh", point]):
+            res = run_zvfs(*args, timeout=20)
+            assert res.returncode == 1
+            assert "not a zvfs mount" in _one_line(res.stderr)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 4096)  # no automount request was sent
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+        holder.kill()
+        holder.wait()
+        os.close(r)
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def test_doctor_passes_on_a_machine_set_up_by_scripts_setup():
+    r = run_zvfs("doctor")
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode()
+    lines = [ln for ln in out.splitlines() if not ln.startswith(" ")]
+    assert len(lines) >= 6 and all(ln.startswith("ok") for ln in lines), out
+    for what in ("fusermount3", "mount.fuse3", "/dev/fuse", "user_allow_other", "standard PATH", "/sbin/mount.zvfs"):
+        assert what in out
+
+
+def test_doctor_says_what_to_fix_when_dev_fuse_is_missing():
+    """In a mount namespace whose /dev is an empty tmpfs (a container without the device)."""
+    script = f"mount -t tmpfs none /dev && exec {' '.join(ZVFS)} doctor"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    out = r.stdout.decode()
+    assert r.returncode == 1, out
+    bad = [ln for ln in out.splitlines() if ln.startswith("MISSING")]
+    assert len(bad) == 1 and "/dev/fuse" in bad[0], out
+    assert "fix:" in out and "modprobe fuse" in out
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+@pytest.fixture
+def damaged(tmp_path):
+    """The sample store with two shards of raw/0 damaged: an index checksum (crc32c) byte
+    flipped, and one shard truncated."""
+    src = tmp_path / "damaged.zarr"
+    shutil.copytree(SAMPLE, src)
+    flipped, truncated = src / "raw/0/c/0/1/0", src / "raw/0/c/1/0/0"
+    with open(flipped, "r+b") as f:
+        f.seek(-6, os.SEEK_END)  # inside the index (at the end), before its 4-byte checksum
+        b = f.read(1)
+        f.seek(-6, os.SEEK_END)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.truncate(truncated, 100)
+    return src, {"raw/0/c/0/1/0", "raw/0/c/1/0/0"}
+
+
+def test_inspect_lists_damaged_shards_and_goes_on(damaged):
+    src, bad = damaged
+    r = run_zvfs("inspect", "--json", src)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    arrays = {a["path"]: a for a in json.loads(r.stdout)["arrays"]}
+    assert set(arrays) == {"labels", "raw/0", "raw/1", "raw/2"}
+    listed = arrays["raw/0"]["problems"]
+    assert sorted(k for k in bad if any(k in p for p in listed)) == sorted(bad) and len(listed) == 2, listed
+    assert any("crc32c" in p for p in listed)
+    pristine = {a["path"]: a for a in json.loads(run_zvfs("inspect", "--json", SAMPLE).stdout)["arrays"]}
+    for path in ("labels", "raw/1", "raw/2"):  # the other arrays are reported in full
+        assert arrays[path]["problems"] == []
+        assert arrays[path]["chunks_present"] == pristine[path]["chunks_present"] > 0
+    # raw/0: every shard is still counted, the damaged ones contribute no chunks
+    assert arrays["raw/0"]["shards_present"] == pristine["raw/0"]["shards_present"]
+    assert 0 < arrays["raw/0"]["chunks_present"] < pristine["raw/0"]["chunks_present"]
+    text = run_zvfs("inspect", src)
+    assert text.returncode == 0
+    section = text.stdout.decode().split("\nraw/0\n", 1)[1].split("\n\n", 1)[0]
+    assert sum("DAMAGED" in ln for ln in section.splitlines()) == 2
+    strict = run_zvfs("inspect", "--strict", src)
+    assert strict.returncode == 3
+    clean = run_zvfs("inspect", "--strict", SAMPLE)
+    assert clean.returncode == 0
+
+
+def test_inspect_shows_progress_on_a_terminal_only():
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a terminal has a size
+    try:
+        p = subprocess.run([*ZVFS, "inspect", SAMPLE], stdout=subprocess.DEVNULL, stderr=secondary,
+                           stdin=subprocess.DEVNULL, timeout=60)
+        os.close(secondary)
+        secondary = None
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        if secondary is not None:
+            os.close(secondary)
+        os.close(primary)
+    assert p.returncode == 0
+    assert b"raw/0" in shown and b"shard" in shown, shown[:500]
+    piped = run_zvfs("inspect", SAMPLE)
+    assert piped.returncode == 0 and piped.stderr == b""
