@@ -386,8 +386,13 @@ def _stop(proc: subprocess.Popen, mountpoint: str) -> None:
         clear_stale(mountpoint)
 
 
+class _ParentInterrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise _ParentInterrupted(signum)
 
 
 def spawn_daemon(source: str, mountpoint: str, opts: MountOptions, child_env: dict[str, str]) -> tuple[int, str | None]:
@@ -399,7 +404,7 @@ def spawn_daemon(source: str, mountpoint: str, opts: MountOptions, child_env: di
     r, w = os.pipe()
     stderr = tempfile.TemporaryFile()
     env = {**os.environ, **child_env, READY_FD_ENV: str(w)}
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     proc = None
     try:
         proc = subprocess.Popen(
@@ -421,12 +426,13 @@ def spawn_daemon(source: str, mountpoint: str, opts: MountOptions, child_env: di
         if line.startswith("error: "):
             return status or 1, explain(line[len("error: "):], said)
         return status or 1, explain(f"the mount daemon exited with status {status} before the mount was live", said)
-    except KeyboardInterrupt:
+    except _ParentInterrupted as e:
         if proc is not None:
             _stop(proc, mountpoint)
-        return 130, f"{mountpoint}: interrupted; nothing mounted"
+        return 128 + e.signum, f"{mountpoint}: interrupted by {signal.Signals(e.signum).name}; nothing mounted"
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if w is not None:
             os.close(w)
         os.close(r)
