@@ -8,9 +8,11 @@ import os
 import re
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -294,3 +296,48 @@ def test_stats_and_refresh_of_a_live_mount(tmp_path):
         _same_as_sample(mnt)
     r = run_zvfs("stats", tmp_path / "mnt")
     assert r.returncode == 1 and "not mounted" in r.stderr.decode()
+
+
+def _as_user_with_fuse(tmp_path: Path, zvfs_args: list[str]) -> subprocess.CompletedProcess:
+    """Run `zvfs ARGS` as the unprivileged user nobody, in a mount namespace whose /dev/fuse is
+    usable by users (mode 666, as Debian's fuse3 sets it up): libfuse then goes through the
+    set-uid fusermount3, as for any user. The interpreter is the system's python3 of the same
+    version with this checkout and the virtualenv's packages on its path (the virtualenv's
+    own interpreter lives under /root, closed to other users)."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True).stdout.strip()
+    assert version == str(sys.version_info[:2]), f"{python} is Python {version}, the virtualenv {sys.version_info[:2]}"
+    path = ":".join([str(Path(zvfs.__file__).parents[1]), *site.getsitepackages()])
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    z = f"env PYTHONPATH={path} {python} -m zvfs " + " ".join(map(str, zvfs_args))
+    script = f"mknod -m 666 {dev}/fuse c 10 229 && mount --bind {dev}/fuse /dev/fuse && exec runuser -u nobody -- {z}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, timeout=90, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("case", ["allow_other without user_allow_other", "mount point not the user's"])
+def test_a_users_failed_mount_says_why_and_what_to_do(tmp_path, case):
+    with open("/etc/fuse.conf") as f:
+        assert not any(ln.strip() == "user_allow_other" for ln in f), "this test expects the stock /etc/fuse.conf"
+    base = Path(tempfile.mkdtemp(prefix="zvfs-user-"))  # pytest's own directories are closed to other users
+    base.chmod(0o755)
+    mnt = base / "mnt"
+    mnt.mkdir()
+    try:
+        if case.startswith("allow_other"):
+            os.chown(mnt, 65534, 65534)  # nobody's
+            r = _as_user_with_fuse(tmp_path, ["mount", SAMPLE, mnt, "-o", "allow_other"])
+            said, hint = "user_allow_other", "/etc/fuse.conf"
+        else:
+            r = _as_user_with_fuse(tmp_path, ["mount", SAMPLE, mnt])
+            said, hint = "no write access to mountpoint", "directory you own"
+    finally:
+        for pid in _daemon_pids(mnt):  # a mount that came up lives in the namespace of its daemon
+            os.kill(pid, signal.SIGTERM)
+        shutil.rmtree(base, ignore_errors=True)
+    lines = r.stderr.decode().strip().splitlines()
+    assert r.returncode == 1, lines
+    assert len(lines) == 2 and "Traceback" not in r.stderr.decode(), lines
+    assert "fusermount3" in lines[0] and said in lines[0], lines
+    assert lines[1].startswith("zvfs: hint:") and hint in lines[1], lines
+    assert not is_mounted(mnt)

@@ -353,6 +353,7 @@ def run_foreground(source: str, mountpoint: str, opts: MountOptions) -> int:
 #: what to do about failures whose cause is known (matched against the daemon's words)
 HINTS = (
     (re.compile(r"user_allow_other"), "add a line 'user_allow_other' to /etc/fuse.conf (as root), or mount without allow_other"),
+    (re.compile(r"open /dev/fuse: Permission denied"), "this user cannot open /dev/fuse: make it read-write for users (mode 666, as fuse3 installs it) or mount as root"),
     (re.compile(r"/dev/fuse|modprobe fuse"), "/dev/fuse is missing or not accessible: load the fuse module (modprobe fuse); in a container, pass the device (--device /dev/fuse)"),
     (re.compile(r"Operation not permitted"), "mounting needs root, or a set-uid fusermount3 for users; a container also needs CAP_SYS_ADMIN (see 'zvfs doctor')"),
     (re.compile(r"fusermount3?: (?:failed to exec|not found)|No such file or directory: 'fusermount3'"), "install fuse3 (apt-get install fuse3)"),
