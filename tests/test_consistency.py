@@ -164,3 +164,26 @@ def test_a_new_shard_appears_after_refresh(tmp_path):
         assert b'"refreshed": true' in (mnt / ".zvfs.refresh").read_bytes()
         assert sorted(os.listdir(mnt / "c" / "1")) == ["0", "1", "2", "3"]
         np.testing.assert_array_equal(zarr.open_array(str(mnt))[...], new)
+
+
+def test_an_index_entry_past_the_end_of_the_shard_is_eio_never_a_huge_file(tmp_path):
+    """A lying index (crc32c correct) claiming 2**40 bytes of a small shard: that chunk is EIO
+    (and not listed); Python's open().read() must not see an st_size of 2**40."""
+    import crc32c
+
+    src, _, old, _ = _stores(tmp_path)
+    shard = src / "c/0/0"
+    raw = bytearray(shard.read_bytes())
+    n = 16  # inner chunks in the shard; index at the end: 16 x (offset, nbytes) + crc32c
+    index = np.frombuffer(bytes(raw[-(16 * n + 4):-4]), dtype="<u8").reshape(n, 2).copy()
+    index[1] = (0, 2**40)  # chunk (0, 1)
+    body = index.tobytes()
+    raw[-(16 * n + 4):] = body + crc32c.crc32c(body).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+    before = _chunk_bytes(old)
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        with pytest.raises(OSError) as e:
+            (mnt / "c/0/1").read_bytes()
+        assert e.value.errno == errno.EIO
+        assert "1" not in os.listdir(mnt / "c/0")
+        assert (mnt / "c/0/2").read_bytes() == before["c/0/2"]  # the rest of the shard is fine

@@ -240,14 +240,14 @@ async def test_one_index_read_per_shard_even_when_asked_concurrently(tmp_path):
     sharded, twin = write_pair(tmp_path, "a", sample_data((50, 37)), chunks=(5, 4), shards=(10, 8))
     array = await open_sharded(sharded)
     reads = []
-    real_read = array.store.read
+    real_read = array.store.read_version
 
     async def counting_read(key, start=0, length=None):
         reads.append(key)
         await trio.sleep(0.01)
         return await real_read(key, start, length)
 
-    array.store.read = counting_read
+    array.store.read_version = counting_read
     async with trio.open_nursery() as n:
         for coords in [(8, 0), (8, 1), (9, 0), (9, 1)]:  # the four chunks of shard c/4/0
             n.start_soon(array.locate, coords)

@@ -75,3 +75,26 @@ def test_precomputed_over_http_without_index_pages_probes_shards_concurrently(tm
     finally:
         proxy.stop()
         nginx.stop()
+
+
+def test_a_huge_pass_through_directory_stays_inside_the_memory_budget(tmp_path):
+    """200,000 plain files beside the arrays (what the issue saw at 400,000: 47 -> 295 MiB
+    with memory=64M): listing them twice and reading a few keeps the daemon's growth inside
+    the budget, and every name is listed once."""
+    src = tmp_path / "store.zarr"
+    zarr.create_group(str(src))
+    junk = src / "junk"
+    junk.mkdir()
+    n = 200_000
+    for i in range(n):
+        (junk / f"file-{i:07d}.txt").write_bytes(b"x" * (i % 7))
+    with zvfs_mount(src, tmp_path / "mnt", options=["memory=64M"]) as mnt:
+        os.listdir(mnt)
+        before = _daemon_rss_kib(mnt)
+        for _ in range(2):
+            names = os.listdir(mnt / "junk")
+        assert len(names) == n and len(set(names)) == n
+        for i in range(0, n, 20_000):
+            assert (mnt / "junk" / f"file-{i:07d}.txt").read_bytes() == b"x" * (i % 7)
+        grown = (_daemon_rss_kib(mnt) - before) >> 10
+        assert grown < 64, f"the daemon grew by {grown} MiB listing {n} entries"

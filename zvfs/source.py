@@ -36,6 +36,7 @@ class OpenSource:
     dataset: precomputed.Dataset | None = None
     absent: dict | None = None  # arrays the view cannot express -> why
     decoded: CoalescingCache | None = None
+    listings: CoalescingCache | None = None
 
     @property
     def root_mode(self) -> int | None:
@@ -44,7 +45,8 @@ class OpenSource:
         return os.stat(self.store.root).st_mode & 0o777 if isinstance(self.store, LocalStore) else None
 
     def caches(self) -> dict[str, CoalescingCache]:
-        return {"index": self.cache, **({"decoded": self.decoded} if self.decoded is not None else {})}
+        named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings}
+        return {name: cache for name, cache in named.items() if cache is not None}
 
     def stats(self) -> dict:
         """Live figures of the store and the caches (`zvfs stats`)."""
@@ -78,7 +80,9 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
                        follow_symlinks=opts.follow_symlinks)
     source = store.display  # from here on, only the redacted form is ever shown
-    cache = CoalescingCache(opts.index_cache)
+    # the index share of the budget is split between shard indexes and store listings
+    cache = CoalescingCache(opts.index_cache // 2)
+    listings = CoalescingCache(opts.index_cache // 2, keep_oversized=True)
     try:
         if await store.read(zarr3.META) is not None:
             view = _view(source, opts, "zarr", ("zarr", "zarr2", "n5"))
@@ -86,18 +90,19 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
             kind = "zvf" if zvf.is_zvf(nodes) else "zarr3"
             decoded = CoalescingCache(opts.decoded_cache, decoded_size)
             if view == "zarr":
-                zview = Zarr3View(store, nodes, cache)
+                zview = Zarr3View(store, nodes, cache, listings)
                 if kind == "zvf":
                     ZvfObjects(zview, decoded)
-                return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes, decoded=decoded)
+                return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes, decoded=decoded, listings=listings)
             legacy = Zarr2View(store, nodes, cache, decoded) if view == "zarr2" else N5View(store, nodes, cache, decoded, opts.n5_compression)
-            return OpenSource(store, kind, view, legacy.tree, cache, zarr_nodes=nodes, absent=legacy.absent, decoded=decoded)
+            return OpenSource(store, kind, view, legacy.tree, cache, zarr_nodes=nodes, absent=legacy.absent, decoded=decoded,
+                              listings=listings)
         if await store.read(precomputed.INFO) is not None:
             view = _view(source, opts, "precomputed", ("precomputed",))
             dataset = await precomputed.load_dataset(store)
             decoded = CoalescingCache(opts.decoded_cache, decoded_size)
-            tree = PrecomputedView(store, dataset, cache, decoded).tree
-            return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset, decoded=decoded)
+            tree = PrecomputedView(store, dataset, cache, decoded, listings).tree
+            return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset, decoded=decoded, listings=listings)
         raise MetadataError(source, "not a recognised store (no zarr.json or precomputed info at its root)")
     except BaseException:
         await store.aclose()

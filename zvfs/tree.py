@@ -17,7 +17,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Iterable
+
+import numpy as np
 
 from .errors import CorruptShardError
 from .formats.chunkref import ChunkRef
@@ -245,36 +248,6 @@ class ListedDir(Dir):
         return self._by_name.get(name)
 
 
-class PassDir(ListedDir):
-    """A store "directory" shown as it is."""
-
-    __slots__ = ("tree", "store", "prefix", "entry")
-
-    def __init__(self, ino: int, tree: "Tree", store: Store, prefix: str, entry: Entry | None = None):
-        super().__init__(ino)
-        self.tree = tree
-        self.store = store
-        self.prefix = prefix
-        self.entry = entry
-
-    def stamp(self) -> tuple[int | None, float | None]:
-        return (None, None) if self.entry is None else (self.entry.mode, self.entry.mtime)
-
-    async def list_children(self) -> Iterable[tuple[str, Node]]:
-        out = []
-        for e in await self.store.list(self.prefix) or []:
-            key = f"{self.prefix}/{e.name}" if self.prefix else e.name
-            out.append((e.name, pass_node(self.tree, self.store, key, e)))
-        return out
-
-
-def pass_node(tree: "Tree", store: Store, key: str, entry: Entry) -> Node:
-    """The interned pass-through node for a store key."""
-    if entry.is_dir:
-        return tree.intern(("pass", id(store), key), lambda ino: PassDir(ino, tree, store, key, entry))
-    return tree.intern(("pass", id(store), key), lambda ino: PassFile(ino, store, key, entry))
-
-
 class InodeRange:
     """A block of computed inode numbers: `node_at(i)` rebuilds the node numbered start+i."""
 
@@ -284,10 +257,118 @@ class InodeRange:
         raise NotImplementedError
 
 
-class Tree:
-    """Inode table of one mounted view."""
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One store directory's entries, compact: names plus a few numbers each (about 100 bytes
+    per entry; a node per entry kept ~640 bytes each, for good, for a listing of 400,000
+    files). Kept in a bounded cache, so listings count against the memory budget."""
 
-    def __init__(self) -> None:
+    names: list[str]  # sorted
+    is_dir: np.ndarray  # bool
+    sizes: np.ndarray  # int64, -1: unknown
+    modes: np.ndarray  # int32, -1: unknown
+    mtimes: np.ndarray  # float64, NaN: unknown
+
+    @classmethod
+    def of(cls, entries: list[Entry]) -> "Listing":
+        entries = sorted(entries, key=lambda e: e.name)
+        return cls([e.name for e in entries],
+                   np.array([e.is_dir for e in entries], dtype=bool),
+                   np.array([-1 if e.size is None else e.size for e in entries], dtype=np.int64),
+                   np.array([-1 if e.mode is None else e.mode for e in entries], dtype=np.int32),
+                   np.array([np.nan if e.mtime is None else e.mtime for e in entries], dtype=np.float64))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(n) + 57 for n in self.names) + 21 * len(self.names)
+
+    def find(self, name: str) -> int | None:
+        i = bisect.bisect_left(self.names, name)
+        return i if i < len(self.names) and self.names[i] == name else None
+
+    def entry(self, i: int) -> Entry:
+        size, mode, mtime = int(self.sizes[i]), int(self.modes[i]), float(self.mtimes[i])
+        return Entry(self.names[i], bool(self.is_dir[i]), None if size < 0 else size,
+                     None if mode < 0 else mode, None if math.isnan(mtime) else mtime)
+
+
+class StoreDir(InodeRange):
+    """The entries of one store directory shown as stored. The listing is read once per cache
+    life, and a child's inode number is its position in the sorted listing, in a range of
+    numbers reserved for this directory on its first listing: nothing is kept per entry, and
+    a listing evicted from the cache and read again numbers its children the same way."""
+
+    def __init__(self, tree: "Tree", store: Store, prefix: str):
+        self.tree = tree
+        self.store = store
+        self.prefix = prefix
+        self.start = 0
+        self.count = 0
+
+    async def listing(self) -> Listing | None:
+        async def load() -> Listing | None:
+            entries = await self.store.list(self.prefix)
+            return None if entries is None else Listing.of(entries)
+
+        found = await self.tree.listings.get(("listing", id(self.store), self.prefix), load)
+        if found is not None and len(found.names) != self.count:  # first listing, or the store changed
+            self.count = len(found.names)
+            self.start = self.tree.reserve(self)
+        return found
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    async def node_at(self, offset: int) -> Node | None:
+        listing = await self.listing()
+        if listing is None or offset >= len(listing.names):
+            return None
+        return self.child(listing, offset)
+
+    def child(self, listing: Listing, i: int) -> Node:
+        entry = listing.entry(i)
+        key = self.key(entry.name)
+        if entry.is_dir:
+            return PassDir(self.start + i, self.tree.store_dir(self.store, key), entry)
+        return PassFile(self.start + i, self.store, key, entry)
+
+    async def lookup(self, name: str) -> Node | None:
+        listing = await self.listing()
+        i = None if listing is None else listing.find(name)
+        return None if i is None else self.child(listing, i)  # type: ignore[arg-type]
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        listing = await self.listing()
+        return [] if listing is None else [(name, self.child(listing, i)) for i, name in enumerate(listing.names)]
+
+
+class PassDir(Dir):
+    """A store "directory" shown as it is."""
+
+    __slots__ = ("dir", "entry")
+
+    def __init__(self, ino: int, store_dir: StoreDir, entry: Entry | None = None):
+        super().__init__(ino)
+        self.dir = store_dir
+        self.entry = entry
+
+    def stamp(self) -> tuple[int | None, float | None]:
+        return (None, None) if self.entry is None else (self.entry.mode, self.entry.mtime)
+
+    async def lookup(self, name: str) -> Node | None:
+        return await self.dir.lookup(name)
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        return await self.dir.entries()
+
+
+class Tree:
+    """Inode table of one mounted view. `listings` holds the store directories' listings
+    (the view's index cache: they count against the memory budget)."""
+
+    def __init__(self, listings: CoalescingCache | None = None) -> None:
+        self.listings = listings or CoalescingCache(16 << 20, keep_oversized=True)
+        self._store_dirs: dict[tuple[int, str], StoreDir] = {}
         self._nodes: dict[int, Node] = {}
         self._keys: dict[Hashable, int] = {}
         self._next = ROOT_INO
@@ -320,6 +401,13 @@ class Tree:
         self._range_starts.append(start)
         self._ranges.append(block)
         return start
+
+    def store_dir(self, store: Store, prefix: str) -> StoreDir:
+        """The one StoreDir of a store directory (a few numbers per directory, none per entry)."""
+        found = self._store_dirs.get((id(store), prefix))
+        if found is None:
+            found = self._store_dirs[(id(store), prefix)] = StoreDir(self, store, prefix)
+        return found
 
     def forget_listings(self) -> None:
         """`zvfs refresh`: every directory lists its store again, computed nodes are rebuilt."""

@@ -45,8 +45,13 @@ def decoded_size(value: Any) -> int:
 
 
 class CoalescingCache:
-    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of):
+    """`keep_oversized`: a value larger than the whole cache is still kept, alone (for
+    listings: re-listing a huge directory on every lookup would be far worse than exceeding
+    the budget by one listing)."""
+
+    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of, keep_oversized: bool = False):
         self.max_bytes = max_bytes
+        self.keep_oversized = keep_oversized
         self._sizeof = sizeof
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
@@ -109,12 +114,12 @@ class CoalescingCache:
 
     def _put(self, key: Hashable, value: Any) -> None:
         size = 64 if isinstance(value, _Failed) else self._sizeof(value) + 64
-        if size > self.max_bytes:
+        if size > self.max_bytes and not self.keep_oversized:
             return
         self.drop(key)
         self._entries[key] = (value, size)
         self._bytes += size
-        while self._bytes > self.max_bytes:
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
             _, (_, old) = self._entries.popitem(last=False)
             self._bytes -= old
 

@@ -13,7 +13,6 @@ reads the minishard indexes of all its shards.
 from __future__ import annotations
 
 import json
-from typing import Iterable
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, Shard
                                    morton_encode, unsharded_info, volume_chunk_limit)
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, InodeRange, ListedDir, Node, RangeFile, Tree, pass_node
+from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Tree
 from .chunks import parse_coord
 
 
@@ -33,12 +32,13 @@ def info_file(tree: Tree, path: str, info: dict) -> Node:
 
 
 class PrecomputedView:
-    def __init__(self, store: Store, dataset: Dataset, cache: CoalescingCache, decoded: CoalescingCache):
+    def __init__(self, store: Store, dataset: Dataset, cache: CoalescingCache, decoded: CoalescingCache,
+                 listings: CoalescingCache | None = None):
         self.store = store
         self.dataset = dataset
         self.cache = cache
         self.decoded = decoded
-        self.tree = Tree()
+        self.tree = Tree(listings)
         self.tree.intern(("pc", ""), lambda ino: DatasetDir(ino, self))
 
     def sharded_dir(self, sd: ShardedDir) -> Node:
@@ -63,7 +63,7 @@ class PrecomputedView:
         return RangeFile(ino, self.store, ref, self.decoded)
 
 
-class DatasetDir(ListedDir):
+class DatasetDir(Dir):
     """The dataset root: rewritten `info`, sharded directories unsharded, the rest as stored."""
 
     __slots__ = ("view",)
@@ -78,18 +78,21 @@ class DatasetDir(ListedDir):
             return info_file(self.view.tree, INFO, self.view.dataset.info)
         if name in self.view.dataset.sharded:
             return self.view.sharded_dir(self.view.dataset.sharded[name])
-        return await super().lookup(name)
+        return await self.view.tree.store_dir(self.view.store, "").lookup(name)
 
-    async def list_children(self) -> Iterable[tuple[str, Node]]:
+    async def entries(self) -> list[tuple[str, Node]]:
         view = self.view
-        out = []
-        for e in await view.store.list("") or []:
-            if e.name == INFO and not e.is_dir:
-                out.append((e.name, info_file(view.tree, INFO, view.dataset.info)))
-            elif e.is_dir and e.name in view.dataset.sharded:
-                out.append((e.name, view.sharded_dir(view.dataset.sharded[e.name])))
+        store_dir = view.tree.store_dir(view.store, "")
+        listing = await store_dir.listing()
+        out: list[tuple[str, Node]] = []
+        for i, name in enumerate(listing.names if listing is not None else []):
+            is_dir = bool(listing.is_dir[i])  # type: ignore[union-attr]
+            if name == INFO and not is_dir:
+                out.append((name, info_file(view.tree, INFO, view.dataset.info)))
+            elif is_dir and name in view.dataset.sharded:
+                out.append((name, view.sharded_dir(view.dataset.sharded[name])))
             else:
-                out.append((e.name, pass_node(view.tree, view.store, e.name, e)))
+                out.append((name, store_dir.child(listing, i)))  # type: ignore[arg-type]
         return out
 
 

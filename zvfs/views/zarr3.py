@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable, Iterable
+from typing import Callable
 
 from ..formats.zarr3 import META, ArrayNode, GroupNode, ShardedArray, child_path, parse_array
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, ListedDir, Node, PassDir, RangeFile, Tree, pass_node
+from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Tree
 from .chunks import ChunkSpace, Layout
 
 log = logging.getLogger("zvfs.view.zarr3")
@@ -57,11 +57,12 @@ def unsharded_group_metadata(meta: dict, where: str) -> dict:
 class Zarr3View:
     """Builds the view's tree lazily from a loaded hierarchy."""
 
-    def __init__(self, store: Store, nodes: dict[str, ArrayNode | GroupNode], cache: CoalescingCache):
+    def __init__(self, store: Store, nodes: dict[str, ArrayNode | GroupNode], cache: CoalescingCache,
+                 listings: CoalescingCache | None = None):
         self.store = store
         self.nodes = nodes
         self.cache = cache
-        self.tree = Tree()
+        self.tree = Tree(listings)
         #: extra virtual children of a group (by group path): ZVF's `objects/`
         self.extras: Callable[[str], list[tuple[str, Node]]] = lambda path: []
         self.node_for("")
@@ -73,7 +74,7 @@ class Zarr3View:
                 return GroupDir(ino, self, h)
             if h.plan is not None:
                 return ShardedArrayDir(ino, self, ShardedArray(h, self.store, self.cache))
-            return PassDir(ino, self.tree, self.store, path)
+            return PassDir(ino, self.tree.store_dir(self.store, path))
 
         return self.tree.intern(("zarr", path), make)
 
@@ -81,7 +82,7 @@ class Zarr3View:
         return self.tree.intern(("meta", path), lambda ino: BytesFile(ino, metadata_bytes(meta)))  # type: ignore[return-value]
 
 
-class GroupDir(ListedDir):
+class GroupDir(Dir):
     """A group: its own (possibly rewritten) `zarr.json`, its child nodes, and whatever else
     the store holds there, shown as stored."""
 
@@ -105,21 +106,24 @@ class GroupDir(ListedDir):
             return self._meta_file()
         if name in self.group.children:
             return self.view.node_for(child_path(self.group.path, name))
-        return await super().lookup(name)
+        found = await self.view.tree.store_dir(self.view.store, self.group.path).lookup(name)
+        return found if found is not None else dict(self.view.extras(self.group.path)).get(name)
 
-    async def list_children(self) -> Iterable[tuple[str, Node]]:
+    async def entries(self) -> list[tuple[str, Node]]:
         view, path = self.view, self.group.path
-        out = []
-        for e in await view.store.list(path) or []:
-            sub = child_path(path, e.name)
-            if e.name == META and not e.is_dir:
-                out.append((e.name, self._meta_file()))
-            elif e.name in self.group.children:
-                out.append((e.name, view.node_for(sub)))
+        store_dir = view.tree.store_dir(view.store, path)
+        listing = await store_dir.listing()
+        out: list[tuple[str, Node]] = []
+        for i, name in enumerate(listing.names if listing is not None else []):
+            if name == META and not listing.is_dir[i]:  # type: ignore[union-attr]
+                out.append((name, self._meta_file()))
+            elif name in self.group.children:
+                out.append((name, view.node_for(child_path(path, name))))
             else:
-                out.append((e.name, pass_node(view.tree, view.store, sub, e)))
+                out.append((name, store_dir.child(listing, i)))  # type: ignore[arg-type]
         taken = {name for name, _ in out}
-        return out + [(name, node) for name, node in view.extras(path) if name not in taken]
+        out += [(name, node) for name, node in view.extras(path) if name not in taken]
+        return sorted(out, key=lambda e: e[0])
 
 
 class ShardedArrayDir(Dir):
