@@ -82,10 +82,8 @@ def is_alive(point: str) -> bool:
     it reaches the daemon; a dead one gives ENOTCONN ("Transport endpoint is not connected")."""
     try:
         os.statvfs(point)
-    except OSError as e:
-        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-            return False
-        raise
+    except OSError as e:  # EACCES: another user's mount, refused by the kernel itself
+        return e.errno not in (errno.ENOTCONN, errno.ECONNABORTED)
     return True
 
 
@@ -155,6 +153,7 @@ class Logs:
 
     def __init__(self, opts: MountOptions, background: bool):
         self.file = opts.log_file
+        self.background = background
         handler: logging.Handler
         if self.file:
             handler = logging.handlers.WatchedFileHandler(self.file)
@@ -189,11 +188,11 @@ class Logs:
         os.dup2(fd, 2)
         os.close(fd)
 
-    def reopen(self, background: bool) -> None:
+    def reopen(self) -> None:
         """SIGHUP: reopen a log file that logrotate moved away."""
         if isinstance(self.handler, logging.handlers.WatchedFileHandler):
             self.handler.reopenIfNeeded()
-            if background:
+            if self.background:
                 self._stderr_to_file()
             log.info("log reopened on SIGHUP")
 
@@ -247,13 +246,12 @@ class _Interrupted(Exception):
 
 
 async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready, logs: Logs) -> None:
-    background = ready.background
     state = {"serving": False, "signal": None}
 
     async def on_signals(signals, scope: trio.CancelScope) -> None:
         async for signum in signals:
             if signum == signal.SIGHUP:
-                logs.reopen(background)
+                logs.reopen()
                 continue
             log.info("received %s, unmounting", signal.Signals(signum).name)
             state["signal"] = signum
@@ -273,7 +271,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)
             await trio.lowlevel.checkpoint()  # a signal that came during the mount is seen here
             ready.send(None)
-            if background:
+            if logs.background:
                 logs.detach()
             nursery.start_soon(_tune_connection, mountpoint, opts.max_background)
             state["serving"] = True
