@@ -147,7 +147,8 @@ def _deep_store(tmp_path: Path) -> Path:
     return src
 
 
-@pytest.mark.parametrize("case", ["log=/nonexistent/x", "ftp://", "http://[::1", "deep JSON ls", "deep JSON mount", "no arguments"])
+@pytest.mark.parametrize("case", ["log=/nonexistent/x", "ftp://", "ftp:// mount", "http://[::1", "http://[::1 mount",
+                                  "deep JSON ls", "deep JSON mount", "no arguments"])
 def test_every_failure_is_one_line(tmp_path, case):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -155,7 +156,9 @@ def test_every_failure_is_one_line(tmp_path, case):
     args, status = {
         "log=/nonexistent/x": (["mount", SAMPLE, mnt, "-o", "log=/nonexistent/x"], 2),
         "ftp://": (["ls", "ftp://127.0.0.1:1/store"], 1),
+        "ftp:// mount": (["mount", "ftp://127.0.0.1:1/store", mnt], 2),
         "http://[::1": (["inspect", "http://[::1/store"], 1),
+        "http://[::1 mount": (["mount", "http://[::1/store", mnt], 2),
         "deep JSON ls": (["ls", deep], 2),
         "deep JSON mount": (["mount", deep, mnt], 2),
         "no arguments": ([], 2),

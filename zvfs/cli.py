@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -35,11 +34,10 @@ import shtab
 import trio
 
 from . import __version__, report
-from .daemon import ARGV_ENV, FSTYPE, check_log_target, mount_at, run_foreground, spawn_daemon
+from .daemon import ARGV_ENV, FSTYPE, check_log_target, mount_at, run_foreground, shown, spawn_daemon
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
 from .options import MountOptions, options_help, parse_options
 from .source import open_source
-from .storage import redact
 
 COMMANDS = ("mount", "umount", "ls", "cat", "inspect", "stats", "refresh", "doctor")
 
@@ -170,20 +168,6 @@ def _mount_options(args) -> MountOptions:
 
 
 # --------------------------------------------------------------------------- credentials
-
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]+")
-
-
-def shown(text: str) -> str:
-    """`text` with every URL in it as it may be shown (no user:password, no query string)."""
-
-    def one(m: re.Match) -> str:
-        try:
-            return redact(m.group())
-        except ValueError:  # unparseable: show the scheme only
-            return m.group().split("://", 1)[0] + "://..."
-
-    return _URL.sub(one, text)
 
 
 def _hide_credentials(argv: list[str], helper: bool) -> None:

@@ -48,6 +48,22 @@ FSTYPE = "fuse.zvfs"  # what /proc/self/mountinfo says for our mounts (subtype=z
 SYSLOG = "/dev/log"
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]+")
+
+
+def shown(text: str) -> str:
+    """`text` with every URL in it as it may be shown (no user:password, no query string):
+    for process titles, messages and logs."""
+
+    def one(m: re.Match) -> str:
+        try:
+            return redact(m.group())
+        except ValueError:  # unparseable: show the scheme only
+            return m.group().split("://", 1)[0] + "://..."
+
+    return _URL.sub(one, text)
+
+
 # --------------------------------------------------------------------------- the mount table
 
 
@@ -262,7 +278,10 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             return
 
     async def mount_and_serve(nursery: trio.Nursery) -> None:
-        opened = await open_source(source, opts)
+        try:
+            opened = await open_source(source, opts)
+        except (OSError, ValueError) as e:  # what backends raise for unusable URLs and hosts
+            raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
             ops = ZvfsOperations(opened.tree)
@@ -407,7 +426,7 @@ def spawn_daemon(source: str, mountpoint: str, opts: MountOptions, child_env: di
     proc = None
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "zvfs", "mount", redact(source), mountpoint, "--foreground"],
+            [sys.executable, "-m", "zvfs", "mount", shown(source), mountpoint, "--foreground"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             pass_fds=(w,), env=env, start_new_session=True, cwd="/",
         )
