@@ -384,8 +384,17 @@ def _is_bare_mount(argv: list[str]) -> bool:
 
 
 def _strip_helper_flags(argv: list[str]) -> list[str]:
-    """mount(8)/mount.fuse3/systemd add -n (no mtab), -s (sloppy), -v (verbose): ignore them."""
-    return [a for a in argv if a not in ("-n", "-s", "-v")]
+    """mount(8)/mount.fuse3/systemd add -n (no mtab), -s (sloppy), -v (verbose), -t TYPE (ours)
+    and -N NAMESPACE (unused): drop them."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("-t", "-N"):
+            skip = True
+        elif a not in ("-n", "-s", "-v"):
+            out.append(a)
+    return out
 
 
 def _run(argv: list[str]) -> int:
@@ -403,8 +412,6 @@ def _run(argv: list[str]) -> int:
         return _fail(str(e), 1)
     except ZvfsError as e:
         return _fail(str(e))
-    except RecursionError:
-        return _fail(f"{where}: nested too deeply to read", 2)
     except (OSError, ValueError) as e:  # what the backends raise for unusable URLs and hosts
         text = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
         return _fail(f"{where}: {shown(text)}", 1)
@@ -433,8 +440,12 @@ def main(argv: list[str] | None = None, helper: bool = False) -> int:
 
 
 def mount_helper_main() -> int:
-    """`mount.zvfs SOURCE DIR [-o OPTS] [-n] [-s] [-v] [-f]`, as mount(8) calls helpers."""
-    return main(["mount", *_strip_helper_flags(sys.argv[1:])], helper=True)
+    """`mount.zvfs SOURCE DIR [-sfnv] [-N NS] [-o OPTS] [-t TYPE]`, as mount(8) calls helpers;
+    `-f` is mount(8)'s "fake": everything but the mount, which for zvfs is nothing."""
+    argv = sys.argv[1:]
+    if "-f" in argv:
+        return 0
+    return main(["mount", *_strip_helper_flags(argv)], helper=True)
 
 
 if __name__ == "__main__":
