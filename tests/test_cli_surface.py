@@ -100,6 +100,21 @@ def test_mount_helper_failures_use_mount_8_codes(tmp_path, how):
         assert not is_mounted(mnt)
 
 
+def test_mount_8_fake_mount_through_the_helper_mounts_nothing(tmp_path):
+    """`mount -f` ("fake": everything but the mount system call) passes -f to helpers."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        r = subprocess.run([str(MOUNT_ZVFS), SAMPLE, str(mnt), "-f", "-o", "ro", "-t", "zvfs"], capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == b""
+        assert not is_mounted(mnt)
+        r = subprocess.run([str(MOUNT_ZVFS), SAMPLE, str(mnt), "-n", "-o", "ro", "-t", "zvfs"], capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        _same_as_sample(mnt)
+    finally:
+        force_unmount(mnt)
+
+
 def test_bash_completion_is_generated_from_the_parser(tmp_path):
     r = run_zvfs("--print-completion", "bash")
     assert r.returncode == 0
