@@ -280,8 +280,12 @@ def cmd_refresh(args) -> int:
 def _doctor_checks() -> list[tuple[bool, str, str]]:
     """(fine, what was checked, what to do about it)."""
     out = []
+    root = os.geteuid() == 0
     fusermount = shutil.which("fusermount3", path=STANDARD_PATH)
-    out.append((fusermount is not None, f"fusermount3: {fusermount or 'missing'}", "install fuse3 (apt-get install fuse3)"))
+    setuid = fusermount is not None and bool(os.stat(fusermount).st_mode & stat.S_ISUID)
+    out.append((fusermount is not None and (root or setuid),
+                f"fusermount3 (users mount through it): {fusermount or 'missing'}{'' if setuid or not fusermount else ', not set-uid root'}",
+                "install fuse3 (apt-get install fuse3); users need it set-uid root (chmod u+s)"))
     helper = shutil.which("mount.fuse3", path=STANDARD_PATH)
     out.append((helper is not None, f"mount.fuse3 (mount -t fuse.zvfs, fstab): {helper or 'missing'}", "install fuse3 (apt-get install fuse3)"))
     try:
@@ -299,7 +303,6 @@ def _doctor_checks() -> list[tuple[bool, str, str]]:
             allow = any(line.strip() == "user_allow_other" for line in f)
     except OSError:
         allow = False
-    root = os.geteuid() == 0
     out.append((allow or root, "user_allow_other in /etc/fuse.conf: " + ("yes" if allow else "no (root does not need it)" if root else "no"),
                 "add a line 'user_allow_other' to /etc/fuse.conf (as root) to use -o allow_other as a user"))
     here = shutil.which("zvfs") or os.path.join(os.path.dirname(sys.executable), "zvfs")
