@@ -50,6 +50,20 @@ def _cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
 
 
+def _talks_to(pid: int, port: int) -> bool:
+    """Whether process `pid` has a TCP connection to 127.0.0.1:`port` (it is opening the source)."""
+    try:
+        sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        table = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    for row in table:
+        fields = row.split()
+        if fields[2].endswith(f":{port:04X}") and f"socket:[{fields[9]}]" in sockets:
+            return True
+    return False
+
+
 def _same_as_sample(mnt: Path) -> None:
     for path in ("raw/0", "labels"):
         assert np.array_equal(zarr.open_array(mnt / path, mode="r")[...], zarr.open_array(Path(SAMPLE) / path, mode="r")[...])
@@ -126,8 +140,8 @@ def test_interrupting_zvfs_mount_while_the_source_opens_leaves_nothing(served, t
         proc = subprocess.Popen([*ZVFS, "mount", f"{slow.url}/brain.zarr", str(mnt)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f)
     try:
-        _wait(lambda: _daemon_pids(mnt), 20, "the daemon")
-        time.sleep(1.5)  # the daemon is opening the source (every request takes 1 s)
+        _wait(lambda: any(_talks_to(p, slow.port) for p in _daemon_pids(mnt)), 30, "the daemon to open the source")
+        time.sleep(0.5)  # the daemon is opening the source (every request takes 1 s)
         assert not is_mounted(mnt)
         proc.send_signal(sig)
         assert proc.wait(30) == 128 + sig
@@ -150,7 +164,7 @@ def test_a_foreground_daemon_signalled_while_opening_mounts_nothing(served, tmp_
     proc = subprocess.Popen([*ZVFS, "mount", "--foreground", f"{slow.url}/brain.zarr", str(mnt)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        time.sleep(3)  # imports, then the first requests of the opening
+        _wait(lambda: _talks_to(proc.pid, slow.port), 30, "the daemon to open the source")
         assert not is_mounted(mnt)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
