@@ -27,14 +27,13 @@ import logging
 import os
 import shutil
 import stat
-import subprocess
 import sys
 
 import shtab
 import trio
 
 from . import __version__, report
-from .daemon import ARGV_ENV, FSTYPE, check_log_target, mount_at, run_foreground, shown, spawn_daemon
+from .daemon import ARGV_ENV, FSTYPE, check_log_target, fusermount, mount_at, run_foreground, shown, spawn_daemon
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
 from .options import MountOptions, options_help, parse_options
 from .source import open_source
@@ -217,7 +216,7 @@ def _zvfs_mount_point(path: str) -> str:
 
 def cmd_umount(args) -> int:
     point = _zvfs_mount_point(args.mountpoint)
-    res = subprocess.run(["fusermount3", "-u" + ("z" if args.lazy else ""), point], capture_output=True, text=True)
+    res = fusermount("-u" + ("z" if args.lazy else ""), point)
     if res.returncode == 0:
         return 0
     err = res.stderr.strip()

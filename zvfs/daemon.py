@@ -103,9 +103,16 @@ def is_alive(point: str) -> bool:
     return True
 
 
+def fusermount(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["fusermount3", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise MetadataError("fusermount3", "not found: install fuse3 (see 'zvfs doctor')") from None
+
+
 def clear_stale(point: str) -> None:
     log.warning("%s: clearing a stale mount left by a dead daemon", point)
-    subprocess.run(["fusermount3", "-uz", point], capture_output=True)
+    fusermount("-uz", point)
 
 
 def check_mountpoint(mountpoint: str) -> None:
