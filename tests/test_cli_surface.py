@@ -327,6 +327,29 @@ def test_inspect_lists_damaged_shards_and_goes_on(damaged):
     assert clean.returncode == 0
 
 
+def test_inspect_names_a_damaged_nested_shard_index(tmp_path):
+    """Nested sharding (written by zarr-python): one inner shard's own index checksum broken."""
+    import writers
+
+    case = writers.CASES_BY_PATH["nested/two_level_2d"]
+    assert case.index_location == "end" and case.index_crc
+    src = tmp_path / "nested.zarr"
+    writers.write_store(src, "zarr-python", cases=[case])
+    shard = next(p for p in sorted((src / case.path / "c").rglob("*")) if p.is_file())
+    raw = bytearray(shard.read_bytes())
+    top = np.frombuffer(bytes(raw[-(16 * 2 + 4):-4]), dtype="<u8").reshape(-1, 2)  # chunk 8x10 / inner 4x10: 2 entries
+    off, nbytes = (int(v) for v in top[top[:, 0] != 2**64 - 1][0])
+    nested_index = off + nbytes - (16 * 4 + 4)  # inner 4x10 / nested 2x5: 4 entries, then the crc32c
+    raw[nested_index + 1] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    r = run_zvfs("inspect", "--json", src)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    (array,) = [a for a in json.loads(r.stdout)["arrays"] if a["path"] == case.path]
+    rel = shard.relative_to(src).as_posix()
+    assert len(array["problems"]) == 1 and rel in array["problems"][0] and "nested" in array["problems"][0], array["problems"]
+    assert run_zvfs("inspect", "--strict", src).returncode == 3
+
+
 def test_inspect_shows_progress_on_a_terminal_only():
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a terminal has a size
