@@ -30,7 +30,7 @@ import pyfuse3
 import trio
 
 from .errors import CorruptShardError, ShardChanged, StorageError
-from .tree import ROOT_INO, Dir, File, Node, Tree
+from .tree import ROOT_INO, Dir, File, Node, Rows, Tree
 
 log = logging.getLogger("zvfs.fuse")
 
@@ -110,7 +110,7 @@ class ZvfsOperations(pyfuse3.Operations):
         #: stores), so a store closed to others stays closed through an allow_other mount
         self.mask = 0o555 if root_mode is None else root_mode & 0o555
         self._open: dict[int, _Handle] = {}  # file handle -> open file: reads need no lookup
-        self._dirs: dict[int, tuple[Dir, list[tuple[str, Node]] | None]] = {}  # dir handle -> listing
+        self._dirs: dict[int, tuple[Dir, Rows | None]] = {}  # dir handle -> listing
         self._next_fh = 1
 
     def _fail(self, e: BaseException) -> int:
@@ -201,17 +201,32 @@ class ZvfsOperations(pyfuse3.Operations):
     @guarded
     async def readdir(self, fh, start_id, token):
         """The kernel asks for a large directory in pieces (about a page of entries each):
-        the entries are built once per open directory handle and served by offset, so a
-        listing costs linear time, not one rebuild per piece."""
-        node, entries = self._dirs[fh]
-        if entries is None:
-            entries = await node.entries()
-            self._dirs[fh] = (node, entries)
-        for i in range(start_id, len(entries)):
-            name, child = entries[i]
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), await self._attrs(child, listing=True), i + 1):
+        the rows are built once per open directory handle and served by offset, so a listing
+        costs linear time, not one rebuild per piece. One attributes object is filled per
+        entry (readdir_reply copies it)."""
+        node, rows = self._dirs[fh]
+        if rows is None:
+            rows = await node.rows()
+            self._dirs[fh] = (node, rows)
+        a = pyfuse3.EntryAttributes()
+        a.st_uid, a.st_gid, a.st_blksize = self.uid, self.gid, 1 << 20
+        a.entry_timeout, a.generation = TIMEOUT, 0
+        mask, stamp = self.mask, self.stamp_ns
+        names, inos, dirs, sizes, modes, mtimes = rows.names, rows.inos, rows.is_dir, rows.sizes, rows.modes, rows.mtimes
+        for i in range(start_id, len(names)):
+            a.st_ino = inos[i]
+            mode, mtime, size = modes[i], mtimes[i], sizes[i]
+            if dirs[i]:
+                a.st_mode = stat.S_IFDIR | (mask if mode is None else mode & mask)
+                a.st_nlink, a.st_size, a.attr_timeout = 2, 0, TIMEOUT
+            else:
+                a.st_mode = stat.S_IFREG | (mask & 0o444 if mode is None else mode & mask & 0o444)
+                a.st_nlink = 1
+                a.st_size, a.attr_timeout = (0, 0) if size is None else (size, TIMEOUT)
+            a.st_blocks = (a.st_size + 511) // 512
+            a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = stamp if mtime is None else int(mtime * 1e9)
+            if not pyfuse3.readdir_reply(token, os.fsencode(names[i]), a, i + 1):
                 break
-            self.tree.remember(child)
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)

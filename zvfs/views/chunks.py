@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, ChunkTable, parse_coord
-from ..tree import Dir, File, InodeRange, Node, Tree, grid_block_sizes
+from ..tree import Dir, File, InodeRange, Node, Rows, Tree, grid_block_sizes
 
 
 class ChunkSource(Protocol):
@@ -86,10 +86,15 @@ class Layout:
 
 
 class ChunkSpace(InodeRange):
-    def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile):
+    """`plain`: the view's chunk files are the chunks' bytes as stored (their size is the
+    index entry's length), so listings are computed from the chunk tables without a node per
+    file."""
+
+    def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile, plain: bool = False):
         self.source = source
         self.layout = layout
         self.make_file = make_file
+        self.plain = plain
         self.ndim = source.ndim
         self.axes = layout.axes if layout.nested else tuple(range(self.ndim))
         self.pgrid = tuple(source.grid[a] for a in self.axes)  # the grid in path order
@@ -185,6 +190,46 @@ class ChunkSpace(InodeRange):
         values = np.unique(np.concatenate([t.coords[rows, axis] for t, rows in found])).tolist() if found else []
         return [(str(i), ChunkDir(self.ino_of((*path, i)), self, (*path, i))) for i in values]
 
+    async def rows(self, path: tuple[int, ...]) -> Rows:
+        """The listing of a nested chunk directory for the kernel, computed from the chunk
+        tables (vectorised: inode numbers, names, sizes) where the files are plain."""
+        d = len(path)
+        if d + 1 == self.ndim and not self.plain:
+            return Rows.of(await self.children(path))
+        found = await self.present(path)
+        rows = Rows([], [], [], [], [], [])
+        if d + 1 < self.ndim:  # directories: the distinct coordinates of the next axis
+            axis = self.axes[d]
+            values = np.unique(np.concatenate([t.coords[r, axis] for t, r in found])).tolist() if found else []
+            for v in values:
+                rows.add(str(v), self.ino_of((*path, v)), True, 0, None, None)
+            return rows
+        for table, idx in found:
+            self._add_files(rows, table, idx, lambda pcoords: [str(c) for c in pcoords[:, -1].tolist()])
+        return rows
+
+    def _add_files(self, rows: Rows, table: ChunkTable, idx: np.ndarray, names: Callable[[np.ndarray], list[str]]) -> None:
+        pcoords = table.coords[idx][:, list(self.axes)]
+        lin = np.ravel_multi_index(tuple(pcoords.T), self.pgrid) if self.ndim else np.zeros(len(idx), np.int64)
+        m = len(idx)
+        v = table.version
+        rows.names += names(pcoords)
+        rows.inos += (lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])).tolist()
+        rows.is_dir += [False] * m
+        rows.sizes += table.lengths[idx].tolist()
+        rows.modes += [None if v is None else v.mode] * m
+        rows.mtimes += [None if v is None else v.mtime] * m
+
+    async def top_rows(self) -> Rows:
+        """The chunk part of the array directory's listing, for the kernel."""
+        layout = self.layout
+        if layout.nested or not self.plain:
+            return Rows.of(await self.top_entries())
+        rows = Rows([], [], [], [], [], [])
+        for table, idx in await self.present(()):
+            self._add_files(rows, table, idx, lambda pcoords: [layout.flat_name(tuple(c)) for c in pcoords.tolist()])
+        return rows
+
     # -- the array directory's own level
 
     async def top_lookup(self, name: str) -> Node | None:
@@ -220,3 +265,6 @@ class ChunkDir(Dir):
 
     async def entries(self) -> list[tuple[str, Node]]:
         return sorted(await self.space.children(self.path), key=lambda e: e[0])
+
+    async def rows(self) -> Rows:
+        return await self.space.rows(self.path)

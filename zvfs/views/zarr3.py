@@ -16,7 +16,7 @@ from typing import Callable
 from ..formats.zarr3 import META, ArrayNode, GroupNode, ShardedArray, child_path, parse_array
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Tree
+from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Rows, Tree
 from .chunks import ChunkSpace, Layout
 
 log = logging.getLogger("zvfs.view.zarr3")
@@ -136,7 +136,7 @@ class ShardedArrayDir(Dir):
         self.view = view
         self.array = array
         layout = Layout.zarr(array.node.encoding, array.ndim)
-        self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref))
+        self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref), plain=True)
 
     def _meta(self) -> BytesFile:
         return self.view.metadata_file(self.array.node.path, unsharded_metadata(self.array.node))
@@ -148,3 +148,9 @@ class ShardedArrayDir(Dir):
 
     async def entries(self) -> list[tuple[str, Node]]:
         return sorted([(META, self._meta()), *await self.chunks.top_entries()], key=lambda e: e[0])
+
+    async def rows(self) -> Rows:
+        rows = await self.chunks.top_rows()
+        meta = self._meta()
+        rows.add(META, meta.ino, False, meta.known_size(), None, None)
+        return rows
