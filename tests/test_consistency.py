@@ -187,3 +187,23 @@ def test_an_index_entry_past_the_end_of_the_shard_is_eio_never_a_huge_file(tmp_p
         assert e.value.errno == errno.EIO
         assert "1" not in os.listdir(mnt / "c/0")
         assert (mnt / "c/0/2").read_bytes() == before["c/0/2"]  # the rest of the shard is fine
+
+
+def test_times_and_modes_come_from_the_store(tmp_path):
+    """Chunk files carry their shard's mtime and (read-only) mode, rewritten metadata the
+    mtime of the file it was rewritten from: rsync and make see nothing changed after a
+    remount, and nothing is more readable through the mount than in the store."""
+    src, _, old, _ = _stores(tmp_path)
+    shard, meta = src / "c/0/0", src / "zarr.json"
+    os.utime(shard, (1_600_000_000, 1_600_000_000))
+    os.utime(meta, (1_500_000_000, 1_500_000_000))
+    shard.chmod(0o640)
+    src.chmod(0o750)
+    for _ in range(2):  # the same after a remount
+        with zvfs_mount(src, tmp_path / "mnt") as mnt:
+            listed = {e.name: e.stat() for e in os.scandir(mnt / "c/0")}  # attributes from the listing
+            for st in [*listed.values(), (mnt / "c/1/1").stat()]:
+                assert st.st_mtime == 1_600_000_000
+                assert st.st_mode & 0o777 == 0o440
+            assert (mnt / "zarr.json").stat().st_mtime == 1_500_000_000
+            assert (mnt / "c").stat().st_mode & 0o777 == 0o550

@@ -124,13 +124,19 @@ class Dir(Node):
 
 
 class BytesFile(File):
-    """A small file held in memory (rewritten metadata)."""
+    """A small file held in memory (rewritten metadata); `source` is the version of the file
+    it was rewritten from (its mode and mtime are shown: rsync and make see no change across
+    remounts)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "source")
 
-    def __init__(self, ino: int, data: bytes):
+    def __init__(self, ino: int, data: bytes, source: Version | None = None):
         super().__init__(ino)
         self.data = data
+        self.source = source
+
+    def stamp(self) -> tuple[int | None, float | None]:
+        return (None, None) if self.source is None else (self.source.mode, self.source.mtime)
 
     async def size(self) -> int:
         return len(self.data)

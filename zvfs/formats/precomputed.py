@@ -19,7 +19,7 @@ import math
 import re
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mmh3
@@ -500,21 +500,25 @@ class Dataset:
     info: dict
     sharded: dict[str, ShardedDir]  # by directory path
     kind: str  # "volume" or "annotations"
+    versions: dict[str, Version] = field(default_factory=dict)  # info file path -> its stored version
 
 
-async def _sub_info(store: Store, path: str, where: str) -> dict | None:
-    raw = await store.read(f"{path}/{INFO}")
+async def _sub_info(store: Store, path: str, where: str, versions: dict) -> dict | None:
+    raw, version = await store.read_version(f"{path}/{INFO}")
+    if version is not None:
+        versions[f"{path}/{INFO}"] = version
     return None if raw is None else parse_json_object(raw, f"{where}/{path}/{INFO}", "info")
 
 
 async def load_dataset(store: Store) -> Dataset:
     """Read and check every info file that decides the unsharded tree."""
     where = store.display
-    raw = await store.read(INFO)
+    raw, version = await store.read_version(INFO)
     if raw is None:
         raise MetadataError(where, "no info file at the root (not a precomputed dataset)")
     info = parse_json_object(raw, f"{where}/{INFO}", "info")
     sharded: dict[str, ShardedDir] = {}
+    versions = {} if version is None else {INFO: version}
     if info.get("@type") == "neuroglancer_annotations_v1":
         w = f"{where}/{INFO}"
         entries = []
@@ -533,7 +537,7 @@ async def load_dataset(store: Store) -> Dataset:
             key = check_name(entry.get("key"), w, "annotation index key")
             if entry.get("sharding") is not None:
                 sharded[key] = ShardedDir(key, kind, ShardingSpec.parse(entry["sharding"], w), grid_shape=grid)
-        return Dataset(info, sharded, "annotations")
+        return Dataset(info, sharded, "annotations", versions)
 
     for scale in parse_scales(info, f"{where}/{INFO}"):
         if scale.sharding is not None:
@@ -542,11 +546,11 @@ async def load_dataset(store: Store) -> Dataset:
         if member not in info:
             continue
         path = check_name(info[member], f"{where}/{INFO}", member)
-        sub = await _sub_info(store, path, where)
+        sub = await _sub_info(store, path, where, versions)
         if sub is None or sub.get("sharding") is None:
             continue  # legacy or unsharded: shown as stored
         w = f"{where}/{path}/{INFO}"
         if kind == "mesh" and sub.get("@type") != "neuroglancer_multilod_draco":
             raise MetadataError(w, f"sharded mesh of @type {sub.get('@type')!r} (only multiresolution meshes are sharded)")
         sharded[path] = ShardedDir(path, kind, ShardingSpec.parse(sub["sharding"], w), info=sub)
-    return Dataset(info, sharded, "volume")
+    return Dataset(info, sharded, "volume", versions)

@@ -217,6 +217,7 @@ class ArrayNode:
     encoding: ChunkKeyEncoding
     plan: ShardPlan | None = None
     warning: str | None = None  # set when sharded but shown as stored
+    version: Version | None = None  # of the stored zarr.json (its mtime and mode dress the rewrite)
 
     @property
     def sharded(self) -> bool:
@@ -232,6 +233,7 @@ class GroupNode:
     meta: dict
     raw: bytes = b""  # the stored zarr.json, served as is when nothing needs rewriting
     children: list[str] = field(default_factory=list)  # names of child nodes (arrays/groups)
+    version: Version | None = None  # of the stored zarr.json
 
 
 def parse_array(path: str, meta: dict, where: str) -> ArrayNode:
@@ -278,15 +280,16 @@ async def load_hierarchy(store: Store) -> dict[str, ArrayNode | GroupNode]:
     Directories without a `zarr.json` are not descended into (they are not Zarr nodes and are
     shown as plain directories); arrays are not descended into either.
     """
-    raw = await store.read(META)
+    raw, version = await store.read_version(META)
     if raw is None:
         raise MetadataError(store.display, "no zarr.json at the root (not a Zarr v3 store)")
     nodes: dict[str, ArrayNode | GroupNode] = {}
-    todo = [("", raw)]
+    todo = [("", raw, version)]
     while todo:
-        path, raw = todo.pop()
+        path, raw, version = todo.pop()
         where = f"{store.display}/{child_path(path, META)}"
         node = nodes[path] = parse_node(path, raw, where)
+        node.version = version
         if node.warning if isinstance(node, ArrayNode) else False:
             log.warning("%s: %s", where, node.warning)
         if isinstance(node, GroupNode):
@@ -294,10 +297,10 @@ async def load_hierarchy(store: Store) -> dict[str, ArrayNode | GroupNode]:
                 if not entry.is_dir:
                     continue
                 sub = child_path(path, entry.name)
-                child_raw = await store.read(f"{sub}/{META}")
+                child_raw, child_version = await store.read_version(f"{sub}/{META}")
                 if child_raw is not None:
                     node.children.append(entry.name)
-                    todo.append((sub, child_raw))
+                    todo.append((sub, child_raw, child_version))
     return nodes
 
 

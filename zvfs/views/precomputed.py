@@ -20,15 +20,16 @@ from ..errors import CorruptShardError
 from ..formats.chunkref import ChunkRef
 from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode,
                                    morton_encode, unsharded_info, volume_chunk_limit)
-from ..storage.base import Store
+from ..storage.base import Store, Version
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Tree
 from .chunks import parse_coord
 
 
-def info_file(tree: Tree, path: str, info: dict) -> Node:
-    """The info file at `path`, rewritten without its sharding members."""
-    return tree.intern(("pcinfo", path), lambda ino: BytesFile(ino, json.dumps(unsharded_info(info)).encode()))
+def info_file(tree: Tree, path: str, info: dict, source: Version | None = None) -> Node:
+    """The info file at `path`, rewritten without its sharding members (`source`: the stored
+    file's version, whose mode and mtime it shows)."""
+    return tree.intern(("pcinfo", path), lambda ino: BytesFile(ino, json.dumps(unsharded_info(info)).encode(), source))
 
 
 class PrecomputedView:
@@ -75,7 +76,7 @@ class DatasetDir(Dir):
     async def lookup(self, name: str) -> Node | None:
         """`info` and the sharded directories are known from the metadata: no listing needed."""
         if name == INFO:
-            return info_file(self.view.tree, INFO, self.view.dataset.info)
+            return info_file(self.view.tree, INFO, self.view.dataset.info, self.view.dataset.versions.get(INFO))
         if name in self.view.dataset.sharded:
             return self.view.sharded_dir(self.view.dataset.sharded[name])
         return await self.view.tree.store_dir(self.view.store, "").lookup(name)
@@ -88,7 +89,7 @@ class DatasetDir(Dir):
         for i, name in enumerate(listing.names if listing is not None else []):
             is_dir = bool(listing.is_dir[i])  # type: ignore[union-attr]
             if name == INFO and not is_dir:
-                out.append((name, info_file(view.tree, INFO, view.dataset.info)))
+                out.append((name, info_file(view.tree, INFO, view.dataset.info, view.dataset.versions.get(INFO))))
             elif is_dir and name in view.dataset.sharded:
                 out.append((name, view.sharded_dir(view.dataset.sharded[name])))
             else:
@@ -114,7 +115,8 @@ class ShardedDirNode(Dir):
     def _info(self) -> Node | None:
         if self.sd.info is None:
             return None
-        return info_file(self.view.tree, f"{self.sd.path}/{INFO}", self.sd.info)
+        path = f"{self.sd.path}/{INFO}"
+        return info_file(self.view.tree, path, self.sd.info, self.view.dataset.versions.get(path))
 
     async def lookup(self, name: str) -> Node | None:
         if name == INFO:

@@ -79,7 +79,8 @@ class Zarr3View:
         return self.tree.intern(("zarr", path), make)
 
     def metadata_file(self, path: str, meta: dict) -> BytesFile:
-        return self.tree.intern(("meta", path), lambda ino: BytesFile(ino, metadata_bytes(meta)))  # type: ignore[return-value]
+        source = self.nodes[path].version
+        return self.tree.intern(("meta", path), lambda ino: BytesFile(ino, metadata_bytes(meta), source))  # type: ignore[return-value]
 
 
 class GroupDir(Dir):
@@ -97,7 +98,7 @@ class GroupDir(Dir):
         view, group = self.view, self.group
         meta = unsharded_group_metadata(group.meta, f"{view.store.display}/{child_path(group.path, META)}")
         if meta is group.meta:  # nothing to rewrite: the stored bytes, unchanged
-            return view.tree.intern(("meta", group.path), lambda ino: BytesFile(ino, group.raw))
+            return view.tree.intern(("meta", group.path), lambda ino: BytesFile(ino, group.raw, group.version))
         return view.metadata_file(group.path, meta)
 
     async def lookup(self, name: str) -> Node | None:
