@@ -1,96 +1,413 @@
-"""Local-disk store: pread on the trio thread, no worker-thread hop.
+"""Local-disk store: page-cached reads on the trio thread, everything that can block in threads.
 
-A thread hop per read measured ~2x slower than a plain pread for 4-64 KiB reads on this kind
-of machine, and a pread from the page cache does not block long enough to stall the loop.
+All FUSE handlers share one trio thread, so one syscall that blocks (an `open` of a FIFO, a
+read from a hung NFS mount, a disk read of uncached data) would freeze every request on the
+mount. Measured on this machine (2 shared cores, ext4, page cache warm, best of 5-7 runs of
+`/tmp/h1bench.py`-style loops; see tests/test_local_store_attacks.py for the cases):
+
+    pread 4 KiB 0.9 us, 64 KiB 5.5 us | preadv(RWF_NOWAIT) + bytes 1.6-1.9 us, 7.5-8.6 us
+    one trio.to_thread.run_sync hop  ~107 us | fstat 1.2 us | stat of a path 1.8-2.1 us
+
+so a thread hop per read would cost 20-100x a cached read, while the page-cache-only fast
+path (`RWF_NOWAIT`: answers from the page cache or fails with EAGAIN, never waits for a disk)
+costs +0.7 us per 4 KiB read and +2-3 us per 64 KiB read over a plain pread, which is 1-3% of
+the ~90 us pyfuse3 spends per request. Hence:
+
+* reads of files on local disk or memory filesystems try `preadv(RWF_NOWAIT)` on the trio
+  thread and fall back to a worker thread when the data is not cached (or the filesystem does
+  not support RWF_NOWAIT); the `fstat` that ties a read to a `Version` stays on the loop;
+* files on filesystems that can stall without bound (NFS, CIFS, FUSE, anything not known to be
+  local, judged from /proc/self/mountinfo) do every syscall in worker threads;
+* opens and listings always run in worker threads, and each mount point under the store has
+  its own thread limiter: a hung mount holds at most `THREADS_PER_MOUNT` threads and costs the
+  files that live on it, never the rest of the store;
+* opens use O_NONBLOCK|O_NOCTTY and only regular files are kept (a FIFO, socket or device is a
+  one-line `StorageError` naming the key, EIO for its files);
+* nothing outside the store root is served unless `follow_symlinks`: what an open really
+  reached is checked on the descriptor itself (/proc/self/fd), so a symlink swapped in between
+  a check and the open cannot leak a file; listings drop entries that lead outside and
+  directories that lead back to one of their own ancestors (`junk/a -> .`).
+
 File descriptors of shards are kept open in a small LRU because shards are read many times.
+`current()` (called on every chunk-file open) is one `stat` of the path on the loop: ~2 us,
+against ~90 us of pyfuse3 overhead per open. A thread read works on a `dup` of the descriptor,
+so closing an evicted descriptor can never make a pending read hit whatever reuses its number.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
+import select
+import stat
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import trio
 
-from ..errors import StorageError
-from .base import Entry, Store
+from ..errors import ShardChanged, StorageError
+from .base import Entry, Store, Version
+
+log = logging.getLogger("zvfs.storage.local")
+
+#: Filesystems whose syscalls are served from memory or a local block device: their metadata
+#: calls and page-cached reads may run on the trio thread. Anything else may stall for as long
+#: as a server or a FUSE daemon likes, so all its I/O goes to worker threads.
+LOCAL_FS_TYPES = frozenset({
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "jfs", "reiserfs", "zfs", "tmpfs",
+    "ramfs", "overlay", "squashfs", "erofs", "iso9660", "udf", "vfat", "exfat", "ntfs3",
+})
+#: Worker threads per mount point: enough for parallel uncached disk reads, few enough that a
+#: hung mount cannot pile up threads without bound.
+THREADS_PER_MOUNT = 8
+#: read_version retries when the file changes under the read before giving up (EIO).
+STABLE_READ_ATTEMPTS = 3
+
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def version_of(st: os.stat_result) -> Version:
+    return Version(st.st_size, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns),
+                   st.st_mtime, stat.S_IMODE(st.st_mode))
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _span(size: int, start: int, length: int | None) -> tuple[int, int]:
+    """Offset and length of a read; a negative start counts from the end."""
+    if start < 0:
+        start = max(0, size + start)
+        return start, size - start
+    return start, max(0, size - start) if length is None else length
+
+
+def _read_blocking(fd: int, start: int, length: int | None, stable: bool) -> tuple[bytes, os.stat_result] | None:
+    """A read in a worker thread, on a dup'ed descriptor that it closes. With `stable`, the
+    bytes and the returned stat come from one unchanged state of the file (fstat before and
+    after agree), retried a few times; None if the file kept changing."""
+    try:
+        for _ in range(STABLE_READ_ATTEMPTS):
+            before = os.fstat(fd)
+            off, n = _span(before.st_size, start, length)
+            data = os.pread(fd, n, off)
+            after = os.fstat(fd)
+            if not stable or version_of(before).same(version_of(after)):
+                return data, after
+        return None
+    finally:
+        os.close(fd)
+
+
+def _fstat_blocking(fd: int) -> os.stat_result:
+    """fstat in a worker thread, of a dup'ed descriptor that it closes."""
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+class _MountTable:
+    """Which mount each path is on, from /proc/self/mountinfo; re-read only when the kernel
+    reports a change of the table (POLLPRI on the open file), so a lookup costs one poll."""
+
+    def __init__(self):
+        self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLPRI)
+        self._mounts: list[tuple[str, str]] = []
+        self._load()
+
+    def _load(self) -> None:
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(self._fd, 1 << 16):
+            chunks.append(chunk)
+        mounts = []
+        for line in b"".join(chunks).decode(errors="replace").splitlines():
+            fields, _, tail = line.partition(" - ")
+            parts = fields.split()
+            if len(parts) >= 5 and tail:
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])
+                mounts.append((point, tail.split()[0]))
+        self._mounts = mounts
+
+    def mount_of(self, path: str) -> tuple[str, str]:
+        """(mount point, filesystem type) of the deepest mount containing `path` (a real path);
+        of stacked mounts on one point the last one is the visible one."""
+        if self._poll.poll(0):
+            self._load()
+        best = ("/", "")
+        for point, fstype in self._mounts:
+            inside = path == point or path.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best[0]):
+                best = (point, fstype)
+        return best
+
+    def stalling_points(self) -> frozenset[str]:
+        """Mount points of filesystems not known to be local (their root may not answer)."""
+        if self._poll.poll(0):
+            self._load()
+        return frozenset(point for point, fstype in self._mounts if fstype not in LOCAL_FS_TYPES)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+@dataclass(slots=True)
+class _Open:
+    """A cached descriptor of a key: the file it reached, and how its I/O may be done."""
+
+    fd: int
+    ident: tuple[int, int]  # (st_dev, st_ino) of the file opened
+    mount: str  # mount point of the file (its thread limiter)
+    local: bool  # on a local filesystem: page-cached reads and fstat on the trio thread
+    nowait: bool = True  # RWF_NOWAIT supported (cleared on EOPNOTSUPP)
 
 
 class LocalStore(Store):
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
         self.root = os.path.abspath(root)
         self.display = self.root
-        self._fds: OrderedDict[str, int] = OrderedDict()
+        self.real_root = os.path.realpath(root)
+        self._inside_prefix = self.real_root.rstrip("/") + "/"
+        self.follow_symlinks = follow_symlinks
+        self._fds: OrderedDict[str, _Open] = OrderedDict()
         self._max_open = max_open_files
+        self._mounts = _MountTable()
+        self._limiters: dict[str, trio.CapacityLimiter] = {}
+        self._warned: set[str] = set()
+        self._scratch = memoryview(bytearray(1 << 17))  # RWF_NOWAIT target, grown on demand
+
+    # -- paths, limits, descriptors ------------------------------------------------------
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key) if key else self.root
 
-    def _fd(self, key: str) -> int | None:
-        fd = self._fds.get(key)
-        if fd is not None:
-            self._fds.move_to_end(key)
-            return fd
+    def _inside(self, real: str) -> bool:
+        return self.follow_symlinks or real == self.real_root or real.startswith(self._inside_prefix)
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("%s", message)
+
+    async def _in_thread(self, mount: str, fn, *args):
+        limiter = self._limiters.get(mount)
+        if limiter is None:
+            limiter = self._limiters[mount] = trio.CapacityLimiter(THREADS_PER_MOUNT)
+        # abandon_on_cancel: a call stuck on a hung mount must not keep the daemon from exiting
+        return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
+
+    def _lexical_mount(self, key: str) -> str:
+        return self._mounts.mount_of(os.path.join(self.real_root, key))[0]
+
+    def _open_blocking(self, key: str) -> tuple[int, os.stat_result, str] | None:
+        """Open `key` as a regular file inside the store (worker thread). None: absent or a
+        directory. The stat before the open keeps FIFOs and devices from being opened at all;
+        the fstat and /proc/self/fd after it judge what was actually opened (race-free)."""
+        path = self._path(key)
         try:
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except IsADirectoryError:
-            return None
-        except NotADirectoryError:
-            return None
-        except OSError as e:
-            raise StorageError(f"{self._path(key)}: {e.strerror}") from e
-        self._fds[key] = fd
-        if len(self._fds) > self._max_open:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
-        return fd
-
-    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
-        fd = self._fd(key)
-        if fd is None:
-            return None
-        try:
-            if start < 0 or length is None:
-                size = os.fstat(fd).st_size
-                if start < 0:
-                    start = max(0, size + start)
-                    length = size - start
-                else:
-                    length = max(0, size - start)
-            return os.pread(fd, length, start)
-        except OSError as e:
-            if e.errno == errno.EISDIR:
-                return None
-            raise StorageError(f"{self._path(key)}: {e.strerror}") from e
-
-    async def size(self, key: str) -> int | None:
-        fd = self._fd(key)
-        return None if fd is None else os.fstat(fd).st_size
-
-    async def list(self, prefix: str) -> list[Entry] | None:
-        return await trio.to_thread.run_sync(self._list_sync, prefix)
-
-    def _list_sync(self, prefix: str) -> list[Entry] | None:
-        try:
-            with os.scandir(self._path(prefix)) as it:
-                out = []
-                for de in it:
-                    try:
-                        st = de.stat()
-                    except OSError:
-                        continue
-                    is_dir = de.is_dir()
-                    out.append(Entry(de.name, is_dir, 0 if is_dir else st.st_size))
-                return out
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):
+                fd = os.open(path, OPEN_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
-            raise StorageError(f"{self._path(prefix)}: {e.strerror}") from e
+            raise StorageError(f"{path}: {e.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(f"{path}: {_kind(st.st_mode)}, not a file")
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StorageError(f"{path}: {_kind(st.st_mode)}, not a file")
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            if not self._inside(real):
+                raise StorageError(f"{path}: leads outside the store (to {real}); not followed without -o follow_symlinks")
+            os.set_blocking(fd, True)  # O_NONBLOCK was for the open only
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st, real
+
+    async def _get(self, key: str) -> tuple[_Open | None, os.stat_result | None]:
+        """The cached descriptor of `key`, opened in a worker thread on a miss; with the stat
+        taken at the open (None when the descriptor was cached)."""
+        o = self._fds.get(key)
+        if o is not None:
+            self._fds.move_to_end(key)
+            return o, None
+        got = await self._in_thread(self._lexical_mount(key), self._open_blocking, key)
+        if got is None:
+            return None, None
+        fd, st, real = got
+        if key in self._fds:  # another task opened it meanwhile: keep one descriptor
+            os.close(fd)
+            return self._fds[key], None
+        point, fstype = self._mounts.mount_of(real)
+        o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, fstype in LOCAL_FS_TYPES)
+        if len(self._fds) > self._max_open:
+            os.close(self._fds.popitem(last=False)[1].fd)
+        return o, st
+
+    def _drop(self, key: str, o: _Open) -> None:
+        if self._fds.get(key) is o:
+            os.close(self._fds.pop(key).fd)
+
+    async def _fstat(self, o: _Open) -> os.stat_result:
+        return os.fstat(o.fd) if o.local else await self._in_thread(o.mount, _fstat_blocking, os.dup(o.fd))
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _pread_cached(self, o: _Open, off: int, n: int) -> bytes | None:
+        """`n` bytes at `off` if the page cache holds them (a short result at the end of the
+        file); None when the data needs a disk read or RWF_NOWAIT is not supported."""
+        if n > len(self._scratch):
+            self._scratch = memoryview(bytearray(n))
+        try:
+            got = os.preadv(o.fd, (self._scratch[:n],), off, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as e:
+            if e.errno != errno.EOPNOTSUPP:
+                raise
+            o.nowait = False
+            return None
+        return self._scratch[:got].tobytes()
+
+    async def _read(self, key: str, start: int, length: int | None, stable: bool,
+                    after: bool) -> tuple[bytes | None, os.stat_result | None]:
+        """Bytes of `key` and, with `after`, a stat taken after the read (with `stable`, the
+        stat of the one state the bytes came from)."""
+        o, _ = await self._get(key)
+        if o is None:
+            return None, None
+        try:
+            if o.local and o.nowait:
+                before = os.fstat(o.fd) if stable or start < 0 or length is None else None
+                off, n = (start, length) if before is None else _span(before.st_size, start, length)
+                data = self._pread_cached(o, off, n) if n else b""
+                if data is not None:
+                    st = os.fstat(o.fd) if after or len(data) < n else None
+                    complete = len(data) == n or off + len(data) >= st.st_size
+                    if complete and (not stable or version_of(before).same(version_of(st))):
+                        return data, st
+            got = await self._in_thread(o.mount, _read_blocking, os.dup(o.fd), start, length, stable)
+        except OSError as e:
+            raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        if got is None:
+            raise StorageError(f"{self._path(key)}: keeps changing while being read")
+        return got
+
+    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
+                   expect: Version | None = None) -> bytes | None:
+        data, st = await self._read(key, start, length, False, expect is not None)
+        if expect is not None:
+            if st is None:
+                raise ShardChanged(key, "deleted while mounted")
+            if not version_of(st).same(expect):
+                raise ShardChanged(key)
+        return data
+
+    async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
+        data, st = await self._read(key, start, length, True, True)
+        return data, None if st is None else version_of(st)
+
+    async def current(self, key: str) -> Version | None:
+        """A stat of the path (on the loop for local filesystems): the same file as the cached
+        descriptor gives its current version (an in-place rewrite shows as new size and
+        times); another file (atomic replace) or none (deleted) drops the stale descriptor."""
+        o = self._fds.get(key)
+        if o is not None:
+            path = self._path(key)
+            try:
+                st = os.stat(path) if o.local else await self._in_thread(o.mount, os.stat, path)
+            except OSError:
+                st = None
+            if st is not None and (st.st_dev, st.st_ino) == o.ident:
+                return version_of(st)
+            self._drop(key, o)
+        o, st = await self._get(key)
+        if o is None:
+            return None
+        return version_of(st or await self._fstat(o))  # no st: another task's open
+
+    async def size(self, key: str) -> int | None:
+        o, st = await self._get(key)
+        if o is None:
+            return None
+        return (st or await self._fstat(o)).st_size
+
+    # -- listings ------------------------------------------------------------------------
+
+    async def list(self, prefix: str) -> list[Entry] | None:
+        return await self._in_thread(self._lexical_mount(prefix), self._list_blocking, prefix,
+                                     self._mounts.stalling_points())
+
+    def _list_blocking(self, prefix: str, stalling: frozenset[str]) -> list[Entry] | None:
+        """Entries of a directory (worker thread). Left out: special files (not keys), entries
+        that lead outside the store (unless follow_symlinks), and directories that are the
+        listed directory or one of the directories on the way down to it (a symlink loop
+        such as `junk/a -> .` would otherwise make `find` and `cp -r` run forever). A mount
+        point of a filesystem that may stall is listed without a stat of its root (that stat
+        would hold this thread, and with it the listings of the mount above, for as long as
+        the filesystem hangs): a directory without mode and time."""
+        path = self._path(prefix)
+        try:
+            fd = os.open(path, OPEN_FLAGS | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise StorageError(f"{path}: {e.strerror}") from None
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            if not self._inside(real):
+                self._warn_once(path, f"{path}: leads outside the store (to {real}); not listed without -o follow_symlinks")
+                return None
+            parts = prefix.split("/") if prefix else []
+            above = set()
+            for i in range(len(parts) + 1):
+                st = os.stat(self._path("/".join(parts[:i])))
+                above.add((st.st_dev, st.st_ino))
+            out = []
+            with os.scandir(fd) as it:
+                for de in it:
+                    if os.path.join(real, de.name) in stalling:
+                        out.append(Entry(de.name, True, 0))
+                        continue
+                    try:
+                        st = de.stat()
+                    except OSError:
+                        continue  # dangling symlink, or gone meanwhile
+                    name = f"{path}/{de.name}"
+                    if de.is_symlink() and not self._inside(os.path.realpath(os.path.join(real, de.name))):
+                        self._warn_once(name, f"{name}: leads outside the store; not listed without -o follow_symlinks")
+                        continue
+                    is_dir = stat.S_ISDIR(st.st_mode)
+                    if is_dir and (st.st_dev, st.st_ino) in above:
+                        self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")
+                        continue
+                    if not is_dir and not stat.S_ISREG(st.st_mode):
+                        continue
+                    out.append(Entry(de.name, is_dir, 0 if is_dir else st.st_size,
+                                     stat.S_IMODE(st.st_mode), st.st_mtime))
+            return out
+        except OSError as e:
+            raise StorageError(f"{path}: {e.strerror}") from None
+        finally:
+            os.close(fd)
 
     async def aclose(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
+        for o in self._fds.values():
+            os.close(o.fd)
         self._fds.clear()
+        self._mounts.close()
