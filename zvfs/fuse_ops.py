@@ -98,20 +98,32 @@ class _Handle:
 
 
 class ZvfsOperations(pyfuse3.Operations):
-    def __init__(self, tree: Tree, control: Control | None = None, root_mode: int | None = None):
+    def __init__(self, tree: Tree, control: Control | None = None, root_mode: int | None = None,
+                 uid: int | None = None, gid: int | None = None, umask: int | None = None):
         super().__init__()
         self.tree = tree
         self.control = control or Control()
         self.counters = self.control.counters
-        self.uid = os.getuid()
-        self.gid = os.getgid()
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
         self.stamp_ns = time.time_ns()
         #: permission bits no node may exceed: the store root's read and search bits (local
         #: stores), so a store closed to others stays closed through an allow_other mount
         self.mask = 0o555 if root_mode is None else root_mode & 0o555
+        #: an administrator's `umask=`: every node gets 0555/0444 less these bits, whatever the
+        #: store's own bits (the way to share a store that is closed to others, on purpose)
+        self.umask = umask
         self._open: dict[int, _Handle] = {}  # file handle -> open file: reads need no lookup
         self._dirs: dict[int, tuple[Dir, Rows | None]] = {}  # dir handle -> listing
         self._next_fh = 1
+
+    def _perm(self, is_dir: bool, mode: int | None) -> int:
+        """Permission bits shown: never a write bit, never exec on files, never wider than the
+        store's own (unless `umask=` says otherwise)."""
+        top = 0o555 if is_dir else 0o444
+        if self.umask is not None:
+            return top & ~self.umask
+        return top & self.mask & (0o7777 if mode is None else mode)
 
     def _fail(self, e: BaseException) -> int:
         code = _errno_of(e)
@@ -134,13 +146,12 @@ class ZvfsOperations(pyfuse3.Operations):
         a.attr_timeout = TIMEOUT
         mode, mtime = node.stamp()
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | (self.mask if mode is None else mode & self.mask)
+            a.st_mode = stat.S_IFDIR | self._perm(True, mode)
             a.st_nlink = 2
             a.st_size = 0
         else:
             assert isinstance(node, File)
-            # never a write or exec bit; never wider than the store's own bits
-            a.st_mode = stat.S_IFREG | (self.mask & 0o444 if mode is None else mode & self.mask & 0o444)
+            a.st_mode = stat.S_IFREG | self._perm(False, mode)
             a.st_nlink = 1
             size = node.known_size() if listing else await node.size()
             if size is None:
@@ -211,16 +222,16 @@ class ZvfsOperations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_uid, a.st_gid, a.st_blksize = self.uid, self.gid, 1 << 20
         a.entry_timeout, a.generation = TIMEOUT, 0
-        mask, stamp = self.mask, self.stamp_ns
+        perm, stamp = self._perm, self.stamp_ns
         names, inos, dirs, sizes, modes, mtimes = rows.names, rows.inos, rows.is_dir, rows.sizes, rows.modes, rows.mtimes
         for i in range(start_id, len(names)):
             a.st_ino = inos[i]
             mode, mtime, size = modes[i], mtimes[i], sizes[i]
             if dirs[i]:
-                a.st_mode = stat.S_IFDIR | (mask if mode is None else mode & mask)
+                a.st_mode = stat.S_IFDIR | perm(True, mode)
                 a.st_nlink, a.st_size, a.attr_timeout = 2, 0, TIMEOUT
             else:
-                a.st_mode = stat.S_IFREG | (mask & 0o444 if mode is None else mode & mask & 0o444)
+                a.st_mode = stat.S_IFREG | perm(False, mode)
                 a.st_nlink = 1
                 a.st_size, a.attr_timeout = (0, 0) if size is None else (size, TIMEOUT)
             a.st_blocks = (a.st_size + 511) // 512
