@@ -168,6 +168,9 @@ def storage_options(protocol: str, opts: MountOptions) -> dict:
         if client:
             out["client_kwargs"] = client
     elif protocol in ("gs", "gcs"):
+        # gcsfs's own retry loop (6 attempts, up to 32 s sleeps) cannot be switched off: each of
+        # its requests gets our timeout, and zvfs cuts the whole call at the deadline
+        out["requests_timeout"] = opts.request_timeout
         if opts.endpoint:
             out["endpoint_url"] = opts.endpoint
         if opts.anon:

@@ -24,10 +24,11 @@ def redact(source: str) -> str:
 
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
                readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0,
-               follow_symlinks: bool = False) -> Store:
+               follow_symlinks: bool = False, request_timeout: float = 20.0) -> Store:
     """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
-    `deadline` seconds and read coalescing (`readahead` bytes per window, 0 to disable) over a
-    `block_cache`-byte cache."""
+    `deadline` seconds, `request_timeout` seconds per attempt, and read-ahead that follows the
+    access pattern (windows up to `readahead` bytes, 0 to disable) over a `block_cache`-byte
+    cache."""
     if "://" not in source or source.startswith("file://"):
         path = source[len("file://"):] if source.startswith("file://") else source
         if not os.path.exists(path):
@@ -41,5 +42,6 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
     except (ImportError, ValueError) as e:
         raise MetadataError(redact(source), f"cannot open: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline)
+    store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
+                        request_timeout=request_timeout)
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store

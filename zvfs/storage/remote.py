@@ -1,26 +1,52 @@
-"""Any fsspec filesystem (HTTP, S3, GCS, memory, ...) as a store.
+"""Any fsspec filesystem (HTTP, S3, GCS, memory, ...) as a store, with versions and deadlines.
 
-fsspec's blocking API is called from worker threads under one `trio.CapacityLimiter`, so a
-slow backend never stalls the FUSE loop and the number of requests in flight stays bounded.
+Every answer is checked before its bytes are used, because a server that lies makes zvfs lie
+(issue 10: a server that ignores Range made 60 of 60 chunk files wrong with no error):
 
-Transient faults (5xx, throttling, connection resets, timeouts) are retried with exponential
-backoff until `deadline` seconds have passed since the first attempt; then, like any other
-backend error, they become one `StorageError` (EIO for that file; the mount stays up and serves
-again once the backend recovers). A missing key is not a fault: it is None.
+* HTTP(S): the GET is made here, on fsspec's own aiohttp session, so status and headers are
+  seen. A 206 must carry a Content-Range that is exactly the range asked for (shorter only at
+  the end of the object) and a body of that length; a 200 to a range request is the whole
+  object: its slice is served when it is of the expected version and at most
+  `WHOLE_BODY_LIMIT` bytes, else the read fails. Redirects are followed here too, at most
+  `MAX_REDIRECTS`, and credentials (userinfo of the URL, Authorization, cookies) are never sent
+  to another origin. A query string of the source URL (signed URLs, tokens) is kept on every
+  key's URL.
+* S3: s3fs's `get_object` call with `Range` and `IfMatch` (its ContentRange, ETag and
+  LastModified give the version).
+* other backends (gcs, memory, ...): a generic fallback takes the version from `info` before
+  the read; a replacement between the two calls is not seen (these backends do not give the
+  headers of the read itself).
+
+The version (size from Content-Range's total, ETag, else Last-Modified) of every answer is kept
+per key (`current`, no request) and compared with what a read expects: bytes of another
+version raise `ShardChanged`, never reach the caller. A strong ETag is also sent as If-Match,
+so a changed object costs a 412, not its bytes.
+
+Deadlines are real (issue 12): one read returns or fails within `deadline + request_timeout`
+seconds, whatever the server does (stalls, throttling, resets), including time spent waiting
+for one of the `max_requests` slots. Each attempt is cut at `request_timeout` here (gcsfs has
+its own fixed retry loop that ignores ours; s3fs's is reduced to one attempt); transient faults
+(5xx, 408, 429, S3 throttling, resets, timeouts, cut bodies) are retried with jittered
+exponential backoff by `stamina` (trio-aware) until `deadline`. Everything else fails at once,
+as one `StorageError` (EIO for that file; nothing is cached, so the next read tries again). A
+missing key is not a fault: it is None.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
-import time
-from typing import Callable, TypeVar
-from urllib.parse import unquote
+import re
+from collections import OrderedDict
+from typing import Awaitable, Callable, TypeVar
+from urllib.parse import unquote, urlsplit
 
+import stamina
 import trio
 
-from ..errors import StorageError
-from .base import Entry, Store
+from ..errors import ShardChanged, StorageError
+from .base import Entry, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 
@@ -29,122 +55,421 @@ MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 #: S3 error codes that mean "slow down and try again"
 THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
               "RequestTimeout", "InternalError", "ServiceUnavailable"}
+#: Backoff between attempts: 50 ms doubling to 2 s plus up to 50 ms of jitter, so that many
+#: readers failing together do not retry in lockstep.
+BACKOFF = dict(wait_initial=0.05, wait_max=2.0, wait_jitter=0.05, wait_exp_base=2)
+#: Largest whole-object answer (a 200 to a range request) whose slice is served: a server that
+#: ignores Range costs the whole object per read, which is bearable for small objects only.
+WHOLE_BODY_LIMIT = 64 << 20
+MAX_REDIRECTS = 5
+#: Versions remembered per key (for `current`): ~200 bytes each.
+VERSIONS_KEPT = 65536
+#: Headers that carry credentials: dropped when a redirect leads to another origin.
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
+CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
+
+
+class HttpStatus(Exception):
+    """An HTTP answer that is neither data nor "absent" (its `status` drives retrying)."""
+
+    def __init__(self, status: int, url: str):
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.url = url
+
+
+class BadAnswer(StorageError):
+    """An answer that does not fit the request (wrong Content-Range, wrong length, a whole
+    object too large to slice): never served, not retried (the server does it every time)."""
 
 
 def _status(e: BaseException) -> int | None:
     status = getattr(e, "status", None)
     if isinstance(status, int):
         return status
-    response = getattr(e, "response", None)  # botocore ClientError
-    if isinstance(response, dict):
+    response = _boto_response(e)
+    if response is not None:
         return response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return None
 
 
+def _boto_response(e: BaseException | None) -> dict | None:
+    """botocore's error response, also behind s3fs's translated exceptions (their cause)."""
+    for err in (e, getattr(e, "__cause__", None)):
+        response = getattr(err, "response", None)
+        if isinstance(response, dict):
+            return response
+    return None
+
+
+def _s3_code(e: BaseException) -> str | None:
+    response = _boto_response(e)
+    return None if response is None else response.get("Error", {}).get("Code")
+
+
 def transient(e: BaseException) -> bool:
     """Worth retrying: server errors, throttling, and faults of the connection itself."""
-    response = getattr(e, "response", None)
-    if isinstance(response, dict) and response.get("Error", {}).get("Code") in THROTTLING:
+    if isinstance(e, (StorageError, ShardChanged, *MISSING)):
+        return False
+    if _s3_code(e) in THROTTLING:
         return True
     status = _status(e)
     if status is not None:
         return status >= 500 or status in (408, 429)
-    if isinstance(e, (TimeoutError, ConnectionError)):
+    if isinstance(e, (TimeoutError, ConnectionError, trio.TooSlowError)):
         return True
     name = type(e).__name__
-    return any(word in name for word in ("Timeout", "Connection", "Disconnected", "Payload", "EndpointConnection"))
+    return any(word in name for word in ("Timeout", "Connection", "Disconnected", "Payload", "EndpointConnection",
+                                         "IncompleteRead", "ResponseParser"))
+
+
+def range_header(start: int, length: int | None) -> str | None:
+    """The Range header value for `Store.read`'s (start, length), None for the whole object."""
+    if start < 0:
+        return f"bytes=-{-start}"
+    if length is None:
+        return f"bytes={start}-" if start else None
+    return f"bytes={start}-{start + length - 1}"
+
+
+def slice_answer(url: str, partial: bool, content_range: str | None, body: bytes, start: int, length: int | None,
+                 total: int | None = None) -> tuple[bytes, int | None]:
+    """The requested bytes out of an answer, and the object's size; `BadAnswer` when the answer
+    does not fit the request. `partial`: a 206 (with `content_range`); otherwise `body` is the
+    whole object (`total` is then its announced size, if any)."""
+    if not partial:
+        if total is not None and total != len(body):
+            raise BadAnswer(f"{url}: whole-object answer of {len(body)} bytes, announced {total}")
+        size = len(body)
+        if start < 0:
+            return body[max(0, size + start):], size
+        return body[start:] if length is None else body[start:start + length], size
+    m = CONTENT_RANGE.match(content_range or "")
+    if not m:
+        raise BadAnswer(f"{url}: partial answer without a usable Content-Range ({content_range!r})")
+    first, last = int(m.group(1)), int(m.group(2))
+    size = None if m.group(3) == "*" else int(m.group(3))
+    if start < 0:
+        if size is None:
+            raise BadAnswer(f"{url}: suffix answer without the object's size ({content_range!r})")
+        want_first, want_last = max(0, size + start), size - 1
+    else:
+        want_first = start
+        want_last = start + length - 1 if length is not None else (size - 1 if size is not None else last)
+        if size is not None:
+            want_last = min(want_last, size - 1)
+    if (first, last) != (want_first, want_last) and not (size is None and first == want_first and last <= want_last):
+        raise BadAnswer(f"{url}: asked for bytes {want_first}-{want_last}, answer says {first}-{last}")
+    if len(body) != last - first + 1:
+        raise BadAnswer(f"{url}: Content-Range {first}-{last} but {len(body)} bytes of body")
+    return body, size
+
+
+def http_version(headers, size: int) -> Version:
+    """The version an HTTP answer describes: its ETag, else its Last-Modified."""
+    etag, modified = headers.get("ETag"), headers.get("Last-Modified")
+    mtime = None
+    if modified:
+        try:
+            mtime = email.utils.parsedate_to_datetime(modified).timestamp()
+        except (TypeError, ValueError):
+            pass
+    tag = ("etag", etag) if etag else (("last-modified", modified) if modified else ())
+    return Version(size, tag, mtime)
+
+
+def strong_etag(version: Version | None) -> str | None:
+    """The ETag to send as If-Match (weak ETags never match a strong comparison)."""
+    if version is None or len(version.tag) != 2 or version.tag[0] != "etag":
+        return None
+    etag = version.tag[1]
+    return None if etag.startswith("W/") else etag
 
 
 class FsspecStore(Store):
-    def __init__(self, fs, root: str, display: str, max_requests: int = 16, deadline: float = 30.0):
+    def __init__(self, fs, root: str, display: str, max_requests: int = 16, deadline: float = 30.0,
+                 request_timeout: float = 20.0):
         self.fs = fs
-        self.root = root.rstrip("/")
         self.display = display
         self.deadline = deadline
+        self.request_timeout = request_timeout
         self._limiter = trio.CapacityLimiter(max_requests)
+        protocols = _protocols(fs)
+        self.http = any(p in ("http", "https") for p in protocols)
+        self.s3 = any(p in ("s3", "s3a") for p in protocols)
+        # a query string (signed URLs, tokens) stays at the end of every key's URL
+        self.query = ""
+        if self.http and "?" in root:
+            root, self.query = root.split("?", 1)
+        self.root = root.rstrip("/")
+        if self.s3:
+            fs.retries = 1  # s3fs retries 5 times with its own sleeps by default: ours only
         #: async backends (HTTP, S3, GCS) run their coroutines on fsspec's own event loop
         #: thread: submit to it directly instead of through a worker thread (one hop, not two)
         self._loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
+        self._versions: OrderedDict[str, Version] = OrderedDict()
+        self.retries = 0
 
     def _path(self, key: str) -> str:
-        return f"{self.root}/{key}" if key else self.root
+        path = f"{self.root}/{key}" if key else self.root
+        return f"{path}?{self.query}" if self.query else path
 
-    async def _run(self, key: str, sync: Callable[[], T], coro: Callable[[], object]) -> T:
-        """One backend call under the concurrency limit, with retries inside the deadline."""
-        async with self._limiter:
-            if self._loop is None:
-                return await trio.to_thread.run_sync(self._call, key, sync)
-            give_up = trio.current_time() + self.deadline
-            delay = 0.05
-            while True:
-                try:
-                    return await _on_loop(self._loop, coro)
-                except MISSING:
-                    raise
-                except Exception as e:  # noqa: BLE001
-                    if not transient(e) or trio.current_time() + delay > give_up:
-                        raise _storage_error(self.display, key, e) from e
-                    log.debug("%s/%s: %s, retrying in %.2f s", self.display, key, type(e).__name__, delay)
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+    # -- calls with deadlines and retries
 
-    def _call(self, key: str, fn: Callable[[], T]) -> T:
-        """fn() with retries of transient faults inside the deadline (in a worker thread)."""
-        give_up = time.monotonic() + self.deadline
-        delay = 0.05
-        while True:
-            try:
-                return fn()
-            except MISSING:
-                raise
-            except Exception as e:  # noqa: BLE001 - every backend has its own exception types
-                if not transient(e) or time.monotonic() + delay > give_up:
-                    raise _storage_error(self.display, key, e) from e
-                log.debug("%s/%s: %s, retrying in %.2f s", self.display, key, type(e).__name__, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    async def _run(self, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """One backend call under the concurrency limit, retried inside the deadline; the
+        whole call, waiting for a slot included, ends within deadline + request_timeout."""
+        last: list[BaseException] = []
 
-    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None) -> bytes | None:
-        end = None if (length is None or start < 0) else start + length
-        path = self._path(key)
+        def retry(e: Exception) -> bool:
+            if not transient(e):
+                return False
+            last[:] = [e]
+            self.retries += 1
+            log.debug("%s/%s: %s, retrying", self.display, key, _describe(e))
+            return True
+
         try:
-            return await self._run(key, lambda: self.fs.cat_file(path, start=start, end=end),
-                                   lambda: self.fs._cat_file(path, start=start, end=end))
+            with trio.fail_after(self.deadline + self.request_timeout):
+                async for tries in stamina.retry_context(on=retry, attempts=None, timeout=self.deadline, **BACKOFF):
+                    with tries:
+                        async with self._limiter:
+                            with trio.fail_after(self.request_timeout):
+                                return await attempt()
+        except trio.TooSlowError:
+            why = f"; last: {_describe(last[0])}" if last else ""
+            raise StorageError(f"{self.display}/{key}: no answer within "
+                               f"{self.deadline + self.request_timeout:g} s{why}"[:300]) from None
+        except (StorageError, ShardChanged, *MISSING):
+            raise
+        except Exception as e:  # noqa: BLE001 - every backend has its own exception types
+            raise _storage_error(self.display, key, e) from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _backend(self, coro: Callable[[], Awaitable[T]], sync: Callable[[], T]) -> T:
+        if self._loop is None:
+            return await trio.to_thread.run_sync(sync, abandon_on_cancel=True)
+        return await _on_loop(self._loop, coro)
+
+    # -- versions
+
+    def _seen(self, key: str, version: Version | None) -> None:
+        if version is None:
+            self._versions.pop(key, None)
+            return
+        self._versions[key] = version
+        self._versions.move_to_end(key)
+        if len(self._versions) > VERSIONS_KEPT:
+            self._versions.popitem(last=False)
+
+    async def current(self, key: str) -> Version | None:
+        return self._versions.get(key)
+
+    # -- Store
+
+    async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
+                   expect: Version | None = None) -> bytes | None:
+        if length == 0:
+            return b""
+        data, version = await self.read_version(key, start, length, expect=expect)
+        if expect is not None:
+            check_version(key, expect, version, data)
+        return data
+
+    async def read_version(self, key: str, start: int = 0, length: int | None = None,
+                           expect: Version | None = None) -> tuple[bytes | None, Version | None]:
+        """`Store.read_version`; `expect` (an extension used by `read`) sends If-Match."""
+        if length == 0:
+            return b"", self._versions.get(key)
+        path = self._path(key)
+        if self.http:
+            call = lambda: _on_loop(self._loop, lambda: self._http_get(key, path, start, length, expect))  # noqa: E731
+        elif self.s3:
+            call = lambda: _on_loop(self._loop, lambda: self._s3_get(key, path, start, length, expect))  # noqa: E731
+        else:
+            call = lambda: self._backend(lambda: self._generic_get_async(path, start, length),  # noqa: E731
+                                         lambda: self._generic_get(path, start, length))
+        try:
+            data, version = await self._run(key, call)
         except MISSING:
-            return None
+            data, version = None, None
+        except ShardChanged:
+            self._versions.pop(key, None)  # the next open learns the new version
+            raise
+        self._seen(key, version)
+        return data, version
 
     async def size(self, key: str) -> int | None:
         path = self._path(key)
+        if self.http:
+            _, version = await self.read_version(key, 0, 1)
+            return None if version is None else version.size
         try:
-            return int(await self._run(key, lambda: self.fs.size(path), lambda: self.fs._size(path)))
+            info = await self._run(key, lambda: self._backend(lambda: self.fs._info(path), lambda: self.fs.info(path)))
         except MISSING:
             return None
+        if info.get("type") == "directory":
+            return None
+        self._seen(key, generic_version(info))
+        return int(info["size"])
 
     async def list(self, prefix: str) -> list[Entry] | None:
         path = self._path(prefix)
+        if self.http:  # an index page of a directory: the URL ends with '/'
+            path = f"{self.root}/{prefix}/".replace("//", "/").replace(":/", "://") + (f"?{self.query}" if self.query else "")
         try:
-            infos = await self._run(prefix, lambda: self.fs.ls(path, detail=True), lambda: self.fs._ls(path, detail=True))
+            infos = await self._run(prefix, lambda: self._backend(lambda: self.fs._ls(path, detail=True),
+                                                                  lambda: self.fs.ls(path, detail=True)))
         except MISSING:
             return None
-        if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
+        here = self._path(prefix).split("?", 1)[0].rstrip("/")
+        if len(infos) == 1 and infos[0].get("type") == "file" and _name_path(infos[0]["name"], self.http) == here:
             return None  # a key, not a prefix
         out = []
-        http = any(p in ("http", "https") for p in _protocols(self.fs))
         for info in infos:
-            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-            if http:  # index pages link to URL-quoted names ("1:0" -> "1%3A0")
+            full = _name_path(info["name"], self.http)
+            name = full.rsplit("/", 1)[-1]
+            if self.http:  # index pages link to URL-quoted names ("1:0" -> "1%3A0")
                 name = unquote(name)
-            if not name or info["name"].rstrip("/") == path:
+            if not name or full == here:
                 continue
             is_dir = info.get("type") == "directory"
             size = info.get("size")
             out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
         return out
 
+    # -- HTTP(S)
+
+    async def _http_get(self, key: str, url: str, start: int, length: int | None, expect: Version | None):
+        """One GET of a range (on fsspec's loop): (bytes, version) or (None, None) if absent."""
+        headers = {"Accept-Encoding": "identity"}  # the stored bytes, never re-encoded ones
+        wanted = range_header(start, length)
+        if wanted:
+            headers["Range"] = wanted
+        etag = strong_etag(expect)
+        if etag:
+            headers["If-Match"] = etag
+        async with _on_asyncio(self._http_open("GET", url, headers)) as r:
+            if r.status in (404, 410):
+                return None, None
+            if r.status == 412:
+                raise ShardChanged(key, "changed while mounted (412 on If-Match)")
+            if r.status == 416:  # the range starts past the end: nothing there, the size is known
+                m = re.search(r"/(\d+)", r.headers.get("Content-Range", ""))
+                return b"", (http_version(r.headers, int(m.group(1))) if m else None)
+            if r.status not in (200, 206):
+                raise HttpStatus(r.status, _redact_url(url))
+            announced = r.headers.get("Content-Length")
+            if r.status == 200 and wanted and announced and int(announced) > WHOLE_BODY_LIMIT:
+                raise BadAnswer(f"{_redact_url(url)}: the server ignores Range requests and would send "
+                                f"the whole object ({int(announced)} bytes) for {wanted}")
+            body = await r.content.read(WHOLE_BODY_LIMIT + 1) if r.status == 200 else await r.read()
+            if r.status == 200 and not r.content.at_eof():
+                raise BadAnswer(f"{_redact_url(url)}: the server ignores Range requests and sends more "
+                                f"than {WHOLE_BODY_LIMIT} bytes for {wanted}")
+            data, size = slice_answer(_redact_url(url), r.status == 206, r.headers.get("Content-Range"), body,
+                                      start, length, None if announced is None else int(announced))
+            version = http_version(r.headers, len(body) if size is None else size)
+            return data, version
+
+    async def _http_open(self, method: str, url: str, headers: dict):
+        """The response to METHOD url (redirects followed here, credentials kept to the
+        origin they were given for). The caller releases it."""
+        import aiohttp
+        import yarl
+
+        kw = dict(self.fs.kwargs)
+        headers = {**kw.pop("headers", {}), **headers}
+        auth = kw.pop("auth", None)
+        kw.pop("allow_redirects", None)
+        target = yarl.URL(url, encoded=getattr(self.fs, "encoded", False))
+        if target.user is not None:
+            auth = auth or aiohttp.BasicAuth(target.user or "", target.password or "")
+            target = target.with_user(None)
+        session = await self.fs.set_session()
+        for _ in range(MAX_REDIRECTS + 1):
+            r = await session.request(method, target, headers=headers, auth=auth, allow_redirects=False, **kw)
+            location = r.headers.get("Location")
+            if r.status not in (301, 302, 303, 307, 308) or not location:
+                return r
+            r.release()
+            nxt = target.join(yarl.URL(location))
+            if nxt.origin() != target.origin():  # another host, port or scheme: no credentials
+                auth = None
+                headers = {k: v for k, v in headers.items() if k.lower() not in CREDENTIAL_HEADERS}
+                kw.pop("cookies", None)
+            target = nxt.with_user(None)
+        raise BadAnswer(f"{_redact_url(url)}: more than {MAX_REDIRECTS} redirects")
+
+    # -- S3
+
+    async def _s3_get(self, key: str, path: str, start: int, length: int | None, expect: Version | None):
+        """One ranged get_object (on fsspec's loop): (bytes, version) or absent."""
+        bucket, name, _ = self.fs.split_path(path)
+        kw = {"Bucket": bucket, "Key": name}
+        wanted = range_header(start, length)
+        if wanted:
+            kw["Range"] = wanted
+        etag = strong_etag(expect)
+        if etag:
+            kw["IfMatch"] = etag
+        try:
+            resp = await self.fs._call_s3("get_object", **kw)
+        except OSError as e:
+            code = _s3_code(e)
+            if code in ("PreconditionFailed", "412"):
+                raise ShardChanged(key, "changed while mounted (412 on If-Match)") from None
+            if code in ("InvalidRange", "416"):
+                head = await self.fs._call_s3("head_object", Bucket=bucket, Key=name)
+                return b"", s3_version(head, int(head["ContentLength"]))
+            raise
+        async with resp["Body"] as stream:
+            body = await stream.read()
+        content_range = resp.get("ContentRange")
+        data, size = slice_answer(f"s3://{bucket}/{name}", content_range is not None, content_range, body,
+                                  start, length, resp.get("ContentLength"))
+        return data, s3_version(resp, len(body) if size is None else size)
+
+    # -- other backends
+
+    def _generic_get(self, path: str, start: int, length: int | None):
+        version = generic_version(self.fs.info(path))
+        end = None if (length is None or start < 0) else start + length
+        return self.fs.cat_file(path, start=start, end=end), version
+
+    async def _generic_get_async(self, path: str, start: int, length: int | None):
+        version = generic_version(await self.fs._info(path))
+        end = None if (length is None or start < 0) else start + length
+        return await self.fs._cat_file(path, start=start, end=end), version
+
+
+def check_version(key: str, expect: Version, version: Version | None, data: bytes | None) -> None:
+    """Bytes read while expecting `expect` came from `version`: anything else is ShardChanged."""
+    if data is None:
+        raise ShardChanged(key, "deleted while mounted")
+    if not expect.same(version):
+        raise ShardChanged(key)
+
+
+def s3_version(resp: dict, size: int) -> Version:
+    modified = resp.get("LastModified")
+    etag = resp.get("ETag")
+    tag = ("etag", etag) if etag else (("last-modified", str(modified)) if modified else ())
+    return Version(size, tag, modified.timestamp() if modified is not None else None)
+
+
+#: fields of fsspec `info` dicts that change when an object is rewritten (gcs, memory, ...)
+GENERIC_TAGS = ("generation", "etag", "ETag", "md5Hash", "LastModified", "last_modified", "updated", "mtime", "created")
+
+
+def generic_version(info: dict) -> Version:
+    tag = tuple((k, str(info[k])) for k in GENERIC_TAGS if info.get(k) is not None)
+    return Version(int(info.get("size") or 0), tag)
+
 
 async def _on_loop(loop, coro: Callable[[], object]):
     """Await a coroutine on another thread's asyncio loop from trio, without a worker thread:
-    the future's done-callback wakes this task."""
+    the future's done-callback wakes this task. Cancelling the trio task cancels the coroutine."""
     future = asyncio.run_coroutine_threadsafe(coro(), loop)
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
@@ -157,8 +482,38 @@ async def _on_loop(loop, coro: Callable[[], object]):
     return future.result()
 
 
+class _on_asyncio:
+    """`async with` over a response coroutine that releases the response at the end."""
+
+    def __init__(self, opening):
+        self.opening = opening
+        self.response = None
+
+    async def __aenter__(self):
+        self.response = await self.opening
+        return self.response
+
+    async def __aexit__(self, *exc):
+        self.response.release()
+
+
+def _name_path(name: str, http: bool) -> str:
+    """A listed name as a path without query (HTTP index links may carry one)."""
+    return (urlsplit(name).path if http and "://" in name else name.split("?", 1)[0]).rstrip("/")
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+
+
 def _protocols(fs) -> tuple[str, ...]:
     return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+def _describe(e: BaseException) -> str:
+    status = _status(e)
+    return f"HTTP {status}" if status is not None else type(e).__name__
 
 
 def _storage_error(display: str, key: str, e: Exception) -> StorageError:
