@@ -244,13 +244,14 @@ def symlink_store(tmp_path):
 async def test_symlinks_that_leave_the_store_are_not_followed(symlink_store):
     store = LocalStore(str(symlink_store))
     try:
-        for key in ("leak", "leak_rel", "outdir/secret"):
+        for key in ("leak", "leak_rel", "outdir/secret", "../outside/secret"):  # keys from metadata too
             with pytest.raises(StorageError, match="outside the store"):
                 await store.read(key)
             with pytest.raises(StorageError, match="outside the store"):
                 await store.current(key)
         assert {e.name for e in await store.list("")} == {"sub", "inside", "insidedir"}
         assert await store.list("outdir") is None
+        assert await store.list("..") is None
         assert await store.read("inside") == b"inside"
         assert await store.read("insidedir/f") == b"inside"
         assert await walk(store) == {"sub", "sub/f", "inside", "insidedir", "insidedir/f"}

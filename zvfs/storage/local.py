@@ -207,7 +207,7 @@ class LocalStore(Store):
         self._mounts = _MountTable()
         self._limiters: dict[str, trio.CapacityLimiter] = {}
         self._warned: set[str] = set()
-        self._scratch = memoryview(bytearray(1 << 17))  # RWF_NOWAIT target, grown on demand
+        self._scratch = memoryview(bytearray(1 << 17))  # RWF_NOWAIT target of reads up to 128 KiB
 
     # -- paths, limits, descriptors ------------------------------------------------------
 
@@ -230,7 +230,7 @@ class LocalStore(Store):
         return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
 
     def _lexical_mount(self, key: str) -> str:
-        return self._mounts.mount_of(os.path.join(self.real_root, key))[0]
+        return self._mounts.mount_of(os.path.normpath(os.path.join(self.real_root, key)))[0]
 
     def _open_blocking(self, key: str) -> tuple[int, os.stat_result, str] | None:
         """Open `key` as a regular file inside the store (worker thread). None: absent or a
@@ -305,10 +305,11 @@ class LocalStore(Store):
     def _pread_cached(self, o: _Open, off: int, n: int) -> bytes | None:
         """`n` bytes at `off` if the page cache holds them (a short result at the end of the
         file); None when the data needs a disk read or RWF_NOWAIT is not supported."""
-        if n > len(self._scratch):
-            self._scratch = memoryview(bytearray(n))
+        # FUSE reads are at most 128 KiB: the scratch buffer serves them all; a larger read (a
+        # whole index or metadata file) gets a buffer of its own, so the scratch stays small
+        buf = self._scratch if n <= len(self._scratch) else memoryview(bytearray(n))
         try:
-            got = os.preadv(o.fd, (self._scratch[:n],), off, os.RWF_NOWAIT)
+            got = os.preadv(o.fd, (buf[:n],), off, os.RWF_NOWAIT)
         except BlockingIOError:
             return None
         except OSError as e:
@@ -316,7 +317,7 @@ class LocalStore(Store):
                 raise
             o.nowait = False
             return None
-        return self._scratch[:got].tobytes()
+        return buf[:got].tobytes()
 
     async def _read(self, key: str, start: int, length: int | None, stable: bool,
                     after: bool) -> tuple[bytes | None, os.stat_result | None]:
