@@ -30,7 +30,7 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     access pattern (windows up to `readahead` bytes, 0 to disable) over a `block_cache`-byte
     cache."""
     if "://" not in source or source.startswith("file://"):
-        path = source[len("file://"):] if source.startswith("file://") else source
+        path = source.removeprefix("file://")
         if not os.path.exists(path):
             raise MetadataError(source, "no such file or directory")
         if not os.path.isdir(path):

@@ -45,7 +45,7 @@ KEYS_WITH_STREAMS = 4096
 
 
 class _Block:
-    __slots__ = ("start", "data", "version")
+    __slots__ = ("data", "start", "version")
 
     def __init__(self, start: int, data: bytes, version: Version | None):
         self.start = start

@@ -27,8 +27,9 @@ seconds, whatever the server does (stalls, throttling, resets), including time s
 for one of the `max_requests` slots. Each attempt is cut at `request_timeout` here (gcsfs has
 its own fixed retry loop that ignores ours; s3fs's is reduced to one attempt); transient faults
 (5xx, 408, 429, S3 throttling, resets, timeouts, cut bodies) are retried with jittered
-exponential backoff by `stamina` (trio-aware) until `deadline`. Everything else fails at once,
-as one `StorageError` (EIO for that file; nothing is cached, so the next read tries again). A
+exponential backoff (50 ms doubling to 2 s) in `stamina`'s trio-aware retry loop until
+`deadline`; a retry that could only start after the deadline is not made. Everything else
+fails at once, as one `StorageError` (EIO for that file; nothing is cached, so the next read tries again). A
 missing key is not a fault: it is None.
 """
 
@@ -37,9 +38,11 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import random
 import re
 from collections import OrderedDict
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 import stamina
@@ -49,6 +52,8 @@ from ..errors import ShardChanged, StorageError
 from .base import Entry, Store, Version
 
 log = logging.getLogger("zvfs.storage")
+#: stamina logs a bare "stamina.retry_scheduled" warning per retry; ours (debug) names the key
+stamina.instrumentation.set_on_retry_hooks([])
 
 T = TypeVar("T")
 MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
@@ -57,7 +62,7 @@ THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExce
               "RequestTimeout", "InternalError", "ServiceUnavailable"}
 #: Backoff between attempts: 50 ms doubling to 2 s plus up to 50 ms of jitter, so that many
 #: readers failing together do not retry in lockstep.
-BACKOFF = dict(wait_initial=0.05, wait_max=2.0, wait_jitter=0.05, wait_exp_base=2)
+BACKOFF_FIRST, BACKOFF_MAX, BACKOFF_JITTER = 0.05, 2.0, 0.05
 #: Largest whole-object answer (a 200 to a range request) whose slice is served: a server that
 #: ignores Range costs the whole object per read, which is bearable for small objects only.
 WHOLE_BODY_LIMIT = 64 << 20
@@ -220,29 +225,36 @@ class FsspecStore(Store):
         """One backend call under the concurrency limit, retried inside the deadline; the
         whole call, waiting for a slot included, ends within deadline + request_timeout."""
         last: list[BaseException] = []
+        give_up = trio.current_time() + self.deadline
 
-        def retry(e: Exception) -> bool:
+        def retry(e: Exception) -> bool | float:
+            """False (fail now) or the backoff before the next attempt: a retry that could only
+            start after the deadline is not made (measured: sleeping into it made a read of a
+            backend answering 503 take 3.4 s against a 2 s deadline)."""
             if not transient(e):
                 return False
-            last[:] = [e]
+            wait = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** len(last)) + random.uniform(0, BACKOFF_JITTER)
+            if trio.current_time() + wait >= give_up:
+                return False
+            last.append(e)
             self.retries += 1
-            log.debug("%s/%s: %s, retrying", self.display, key, _describe(e))
-            return True
+            log.debug("%s/%s: %s, retrying in %.2f s", self.display, key, _describe(e), wait)
+            return wait
 
         try:
             with trio.fail_after(self.deadline + self.request_timeout):
-                async for tries in stamina.retry_context(on=retry, attempts=None, timeout=self.deadline, **BACKOFF):
+                async for tries in stamina.retry_context(on=retry, attempts=None, timeout=self.deadline):
                     with tries:
                         async with self._limiter:
                             with trio.fail_after(self.request_timeout):
                                 return await attempt()
         except trio.TooSlowError:
-            why = f"; last: {_describe(last[0])}" if last else ""
+            why = f"; last: {_describe(last[-1])}" if last else ""
             raise StorageError(f"{self.display}/{key}: no answer within "
                                f"{self.deadline + self.request_timeout:g} s{why}"[:300]) from None
         except (StorageError, ShardChanged, *MISSING):
             raise
-        except Exception as e:  # noqa: BLE001 - every backend has its own exception types
+        except Exception as e:
             raise _storage_error(self.display, key, e) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -283,11 +295,11 @@ class FsspecStore(Store):
             return b"", self._versions.get(key)
         path = self._path(key)
         if self.http:
-            call = lambda: _on_loop(self._loop, lambda: self._http_get(key, path, start, length, expect))  # noqa: E731
+            call = lambda: _on_loop(self._loop, lambda: self._http_get(key, path, start, length, expect))
         elif self.s3:
-            call = lambda: _on_loop(self._loop, lambda: self._s3_get(key, path, start, length, expect))  # noqa: E731
+            call = lambda: _on_loop(self._loop, lambda: self._s3_get(key, path, start, length, expect))
         else:
-            call = lambda: self._backend(lambda: self._generic_get_async(path, start, length),  # noqa: E731
+            call = lambda: self._backend(lambda: self._generic_get_async(path, start, length),
                                          lambda: self._generic_get(path, start, length))
         try:
             data, version = await self._run(key, call)
@@ -314,29 +326,52 @@ class FsspecStore(Store):
         return int(info["size"])
 
     async def list(self, prefix: str) -> list[Entry] | None:
+        if self.http:
+            return await self._http_list(prefix)
         path = self._path(prefix)
-        if self.http:  # an index page of a directory: the URL ends with '/'
-            path = f"{self.root}/{prefix}/".replace("//", "/").replace(":/", "://") + (f"?{self.query}" if self.query else "")
         try:
             infos = await self._run(prefix, lambda: self._backend(lambda: self.fs._ls(path, detail=True),
                                                                   lambda: self.fs.ls(path, detail=True)))
         except MISSING:
             return None
-        here = self._path(prefix).split("?", 1)[0].rstrip("/")
-        if len(infos) == 1 and infos[0].get("type") == "file" and _name_path(infos[0]["name"], self.http) == here:
+        if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
             return None  # a key, not a prefix
         out = []
         for info in infos:
-            full = _name_path(info["name"], self.http)
-            name = full.rsplit("/", 1)[-1]
-            if self.http:  # index pages link to URL-quoted names ("1:0" -> "1%3A0")
-                name = unquote(name)
-            if not name or full == here:
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if not name or info["name"].rstrip("/") == path:
                 continue
             is_dir = info.get("type") == "directory"
             size = info.get("size")
             out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
         return out
+
+    async def _http_list(self, prefix: str) -> list[Entry] | None:
+        """The links of a directory's index page (nginx autoindex, Apache, S3 website...)."""
+        base = f"{self.root}/{prefix}".rstrip("/") + "/"
+        url = base + (f"?{self.query}" if self.query else "")
+        try:
+            infos = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._ls_real(url, detail=True)))
+        except MISSING:
+            return None
+        joined = url.rstrip("/") + "/"  # fsspec joins relative links to the URL as given
+        base_path = urlsplit(base).path
+        out: dict[str, Entry] = {}
+        for info in infos:
+            link = info["name"]
+            if link.startswith(joined):
+                rel = link[len(joined):]
+            else:
+                rel = urlsplit(link).path
+                if not rel.startswith(base_path):
+                    continue
+                rel = rel[len(base_path):]
+            rel = rel.split("?", 1)[0].lstrip("/")
+            name = unquote(rel.split("/", 1)[0])  # index pages link to quoted names ("1%3A0")
+            if name and name not in (".", ".."):
+                is_dir = "/" in rel
+                out[name] = Entry(name, is_dir, 0 if is_dir else None)
+        return list(out.values())
 
     # -- HTTP(S)
 
@@ -363,8 +398,8 @@ class FsspecStore(Store):
             if r.status == 200 and wanted and announced and int(announced) > WHOLE_BODY_LIMIT:
                 raise BadAnswer(f"{_redact_url(url)}: the server ignores Range requests and would send "
                                 f"the whole object ({int(announced)} bytes) for {wanted}")
-            body = await r.content.read(WHOLE_BODY_LIMIT + 1) if r.status == 200 else await r.read()
-            if r.status == 200 and not r.content.at_eof():
+            body = await _read_at_most(r, WHOLE_BODY_LIMIT + 1) if r.status == 200 else await r.read()
+            if len(body) > WHOLE_BODY_LIMIT:
                 raise BadAnswer(f"{_redact_url(url)}: the server ignores Range requests and sends more "
                                 f"than {WHOLE_BODY_LIMIT} bytes for {wanted}")
             data, size = slice_answer(_redact_url(url), r.status == 206, r.headers.get("Content-Range"), body,
@@ -482,6 +517,15 @@ async def _on_loop(loop, coro: Callable[[], object]):
     return future.result()
 
 
+async def _read_at_most(response, limit: int) -> bytes:
+    """The body, or its first `limit` bytes when it is longer (the rest is never buffered)."""
+    parts, got = [], 0
+    while got < limit and (part := await response.content.read(limit - got)):
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
 class _on_asyncio:
     """`async with` over a response coroutine that releases the response at the end."""
 
@@ -497,14 +541,14 @@ class _on_asyncio:
         self.response.release()
 
 
-def _name_path(name: str, http: bool) -> str:
-    """A listed name as a path without query (HTTP index links may carry one)."""
-    return (urlsplit(name).path if http and "://" in name else name.split("?", 1)[0]).rstrip("/")
-
-
 def _redact_url(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+
+
+def _scrub(text: str) -> str:
+    """A backend's message without what may carry credentials: query strings and userinfo."""
+    return re.sub(r"//[^/@\s]*@", "//", re.sub(r"\?[^\s'\"]*", "", text))
 
 
 def _protocols(fs) -> tuple[str, ...]:
@@ -520,5 +564,6 @@ def _storage_error(display: str, key: str, e: Exception) -> StorageError:
     """One line naming the key and what the backend said (HTTP status, connection error...)."""
     status = _status(e)
     what = f"HTTP {status}" if status is not None else type(e).__name__
-    detail = str(e).splitlines()[0] if str(e) else ""
-    return StorageError(f"{display}/{key}: {what}{': ' + detail if detail and str(status) not in detail[:4] else ''}"[:300])
+    detail = _scrub(str(e).splitlines()[0]) if str(e) else ""
+    said = f": {detail}" if detail and detail != what and str(status) not in detail[:4] else ""
+    return StorageError(f"{display}/{key}: {what}{said}"[:300])

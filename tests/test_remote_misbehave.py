@@ -1,0 +1,232 @@
+"""HTTP servers that misbehave give right bytes or EIO through a mount, never wrong bytes
+(issue 10), errors are never cached, and remote deadlines are real (issue 12 point 9).
+
+Fixture: a Zarr v3 group written by zarr-python (two sharded arrays, one zstd-compressed, and
+a 4 MiB file passed through as stored), served by tests/misbehaving_http.py. Arrays read
+through the mount by zarr-python are compared with zarr-python reading the original; single
+files with the same file read from a local zvfs mount of the original.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import zvfs_mount
+from misbehaving_http import FaultTCP, MisbehavingHTTP
+from servers import S3, FaultProxy, Nginx
+
+pytestmark = pytest.mark.mount
+
+ARRAYS = ("a", "b")
+#: short timeouts so that faults cost seconds, not minutes
+FAST = ("request_timeout=1", "retry_deadline=2")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    import zarr
+
+    root = tmp_path_factory.mktemp("misbehave") / "store.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    rng = np.random.default_rng(5)
+    a = group.create_array("a", shape=(256, 256), chunks=(32, 32), shards=(128, 128), dtype="uint16", fill_value=0)
+    a[...] = rng.integers(0, 1000, size=(256, 256), dtype="uint16")
+    b = group.create_array("b", shape=(64, 64, 64), chunks=(16, 16, 16), shards=(32, 32, 32), dtype="uint8",
+                           compressors=None, fill_value=0)
+    b[...] = rng.integers(1, 255, size=(64, 64, 64), dtype="uint8")
+    (root / "extra.bin").write_bytes(rng.bytes(4 << 20))
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(store, tmp_path_factory):
+    base = tmp_path_factory.mktemp("misbehave-local")
+    with zvfs_mount(store, base / "mnt", log=base / "zvfs.log") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def server(store):
+    srv = MisbehavingHTTP(store.parent).start()
+    yield srv
+    srv.stop()
+
+
+def mount(url: str, tmp_path: Path, *options: str):
+    return zvfs_mount(url, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=options)
+
+
+def original(store: Path, name: str) -> np.ndarray:
+    import zarr
+
+    return zarr.open_array(store / name, mode="r")[...]
+
+
+def assert_arrays_right(mnt: Path, store: Path) -> None:
+    import zarr
+
+    for name in ARRAYS:
+        assert np.array_equal(zarr.open_array(mnt / name, mode="r")[...], original(store, name)), name
+
+
+def chunk_files(mnt: Path) -> list[str]:
+    return sorted(str(p.relative_to(mnt)) for name in ARRAYS for p in (mnt / name / "c").rglob("*") if p.is_file())
+
+
+def read_or_errno(path: Path) -> bytes | int:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        return e.errno
+
+
+def test_server_that_ignores_range_gives_the_right_bytes(store, server, tmp_path):
+    """Every range answered with 200 and the whole object: the slice asked for is served."""
+    server.set("ignore_range")
+    with mount(f"{server.url}/store.zarr", tmp_path, "readahead=0") as mnt:
+        assert_arrays_right(mnt, store)
+        want = (store / "extra.bin").read_bytes()
+        fd = os.open(mnt / "extra.bin", os.O_RDONLY)
+        try:
+            for at in (1 << 20, 2 << 20, 3 << 20, (4 << 20) - 100):
+                assert os.pread(fd, 4096, at) == want[at:at + 4096], at
+        finally:
+            os.close(fd)
+    assert server.misbehaved > 0
+
+
+def test_wrong_content_range_is_eio_then_right_once_the_server_behaves(store, server, local, tmp_path):
+    """206 answers of another range than asked (consistently labelled): every chunk file is
+    EIO, none is wrong; the failures are not cached: once the server behaves, all is right."""
+    with mount(f"{server.url}/store.zarr", tmp_path, *FAST) as mnt:
+        files = chunk_files(local)
+        assert chunk_files(mnt) == files  # listed before the fault: every shard index is cached
+        server.set("wrong_range")
+        got = {f: read_or_errno(mnt / f) for f in files}
+        wrong = [f for f, v in got.items() if isinstance(v, bytes) and v != (local / f).read_bytes()]
+        assert not wrong, f"wrong bytes served for {wrong[:5]}"
+        assert all(v == errno.EIO for v in got.values()), {v for v in got.values() if not isinstance(v, bytes)}
+        server.set("ok")
+        assert_arrays_right(mnt, store)
+
+
+@pytest.mark.parametrize("mode", ["short", "stall", "wrong_range", "ignore_range"])
+def test_one_bad_answer_then_right(store, server, local, tmp_path, mode):
+    """The server misbehaves once (the first shard-index or chunk request), then behaves: the
+    read that met it is right or EIO, and the next read of the same file is right (errors,
+    including a bad answer for a shard index, are never cached)."""
+    server.stall = 3.0
+    with mount(f"{server.url}/store.zarr", tmp_path, *FAST) as mnt:
+        server.set(mode, times=1)
+        name = "a/c/1/2"
+        want = (local / name).read_bytes()
+        first = read_or_errno(mnt / name)
+        assert first in (want, errno.EIO)
+        assert server.misbehaved == 1
+        assert (mnt / name).read_bytes() == want
+        assert_arrays_right(mnt, store)
+
+
+def test_short_bodies_every_time_are_eio_within_the_deadline(server, tmp_path):
+    with mount(f"{server.url}/store.zarr", tmp_path, *FAST) as mnt:
+        server.set("short")
+        t = time.monotonic()
+        assert read_or_errno(mnt / "b/c/0/0/0") == errno.EIO
+        assert time.monotonic() - t < 2 + 1 + 1.5
+
+
+def test_query_string_is_kept_on_every_request_and_never_shown(store, server, tmp_path):
+    server.token = "abc123secret"
+    with mount(f"{server.url}/store.zarr?token=abc123secret", tmp_path) as mnt:
+        assert_arrays_right(mnt, store)
+        assert (mnt / "extra.bin").read_bytes() == (store / "extra.bin").read_bytes()
+        mounts = Path("/proc/mounts").read_text()
+    assert server.seen and all("token=abc123secret" in s.query for s in server.seen)
+    assert not [s for s in server.seen if s.path.endswith("?")]
+    assert "abc123secret" not in mounts and "abc123secret" not in (tmp_path / "zvfs.log").read_text()
+
+
+def test_redirect_to_another_origin_does_not_carry_credentials(store, server, tmp_path):
+    """The source needs Basic credentials (user:password in the URL) and redirects every
+    range request to another server: the bytes are right, and the other server never sees
+    the credentials."""
+    other = MisbehavingHTTP(store.parent).start()
+    try:
+        server.auth = "Basic " + base64.b64encode(b"reader:pa55word").decode()
+        server.redirect_to = other.url
+        server.set("redirect")
+        with mount(f"http://reader:pa55word@127.0.0.1:{server.port}/store.zarr", tmp_path) as mnt:
+            assert_arrays_right(mnt, store)
+        assert [s for s in server.seen if s.headers.get("Authorization") == server.auth]
+        ranged = [s for s in other.seen if "Range" in s.headers]
+        assert ranged, "no range request reached the redirect target"
+        leaked = [s for s in other.seen if any(k.lower() in ("authorization", "cookie") for k in s.headers)
+                  or "pa55word" in s.query]
+        assert not leaked, leaked[:3]
+    finally:
+        other.stop()
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+@pytest.fixture(scope="module")
+def served(store, tmp_path_factory):
+    """The store behind nginx and in moto's S3 server."""
+    nginx = Nginx(store.parent, tmp_path_factory.mktemp("misbehave-nginx")).start()
+    s3 = S3().start()
+    url = s3.upload(store, "deadlines", "store.zarr")
+    yield nginx, s3, url
+    s3.stop()
+    nginx.stop()
+
+
+@pytest.mark.parametrize("fault", ["stall", "503", "reset"])
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_one_read_ends_within_retry_deadline_plus_request_timeout(served, local, tmp_path, kind, fault):
+    """Every request stalls (10 s), fails with 503 or has its connection reset: a read gives
+    EIO within retry_deadline + request_timeout (+0.5 s for FUSE and the loaded machine); the
+    same read is right once the backend recovers. HTTP goes through servers.FaultProxy; S3
+    through a TCP-level proxy (FaultProxy drops the signed headers S3 needs)."""
+    nginx, s3, s3_url = served
+    if kind == "http":
+        proxy = FaultProxy(nginx.port, rate=1.0, stall=10.0)
+        proxy.KINDS = (fault,)
+        proxy.faults = False
+        proxy.start()
+        url, options = f"{proxy.url}/store.zarr", FAST
+
+        def set_fault(on: bool) -> None:
+            proxy.faults = on
+
+        def injected() -> int:
+            return proxy.injected[fault]
+    else:
+        proxy = FaultTCP(s3.port).start()
+        url, options = s3_url, (*FAST, f"endpoint={proxy.url}")
+
+        def set_fault(on: bool) -> None:
+            proxy.set(fault if on else None)
+
+        def injected() -> int:
+            return proxy.injected
+    try:
+        with mount(url, tmp_path, *options) as mnt:
+            set_fault(True)
+            t = time.monotonic()
+            got = read_or_errno(mnt / "a/c/3/4")
+            elapsed = time.monotonic() - t
+            print(f"\n{kind} {fault}: EIO after {elapsed:.2f} s (bound 3 s)")
+            assert got == errno.EIO
+            assert elapsed <= 2 + 1 + 0.5, elapsed
+            assert injected() >= 1
+            set_fault(False)
+            assert (mnt / "a/c/3/4").read_bytes() == (local / "a/c/3/4").read_bytes()
+    finally:
+        proxy.stop()
