@@ -4,7 +4,14 @@ Every `info` loses its `sharding` members; every sharded directory shows the fil
 unsharded format has: volume chunks `<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`, skeletons and annotations
 `<id>`, multiresolution meshes `<id>.index` + `<id>`, spatial annotation cells `<c0>_<c1>_...`.
 gzip `data_encoding` exists only inside shards, so such chunks are served decoded under the
-plain names (what tensorstore and cloud-volume read). Everything else is shown as stored.
+plain names (what tensorstore and cloud-volume read). Everything else is shown as stored, in
+every directory: igneous keeps spatial indexes (`*.spatial`), `0.labels.gz`, `*.frags` and
+provenance files beside the shards, and cloud-volume's spatial-index queries need them.
+
+In a sharded directory a name is, in this order: the directory's own `info` (rewritten); an
+unsharded chunk name (served from the shards only: readers of the original never read a stored
+file of that name, so showing one would give them bytes the original does not); a shard file
+(`<hex>.shard`, the obsolete `<hex>.index` + `<hex>.data`: hidden); else the stored entry.
 
 Opening a file by name goes straight to its shard and minishard; only listing a directory
 reads the minishard indexes of all its shards.
@@ -12,6 +19,7 @@ reads the minishard indexes of all its shards.
 
 from __future__ import annotations
 
+import heapq
 import json
 
 import numpy as np
@@ -22,7 +30,7 @@ from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, Shard
                                    morton_encode, unsharded_info, volume_chunk_limit)
 from ..storage.base import Store, Version
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Tree
+from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, StoreDir, Tree
 from .chunks import parse_coord
 
 
@@ -98,15 +106,19 @@ class DatasetDir(Dir):
 
 
 class ShardedDirNode(Dir):
-    """Common part of the sharded directories: the own `info`, listing once, lookup by name."""
+    """Common part of the sharded directories: the own `info`, the unsharded files (listed
+    once), the stored files that are not shards, lookup by name."""
 
-    __slots__ = ("view", "sd", "kv", "_listing")
+    __slots__ = ("view", "sd", "kv", "stored", "_listing")
+
+    SHARD_SUFFIXES = ("shard", "index", "data")
 
     def __init__(self, ino: int, view: PrecomputedView, sd: ShardedDir, kv: ShardedKV):
         super().__init__(ino)
         self.view = view
         self.sd = sd
         self.kv = kv
+        self.stored: StoreDir = view.tree.store_dir(view.store, sd.path)
         self._listing: list[tuple[str, Node]] | None = None
 
     def forget(self) -> None:
@@ -118,10 +130,28 @@ class ShardedDirNode(Dir):
         path = f"{self.sd.path}/{INFO}"
         return info_file(self.view.tree, path, self.sd.info, self.view.dataset.versions.get(path))
 
+    def is_shard_file(self, name: str) -> bool:
+        """`name` is one of this directory's shard files: the spec's digit count, lower-case
+        hex, a shard number that exists under `shard_bits`, as the sharded readers name them."""
+        stem, _, suffix = name.rpartition(".")
+        if suffix not in self.SHARD_SUFFIXES or not stem or stem.strip("0123456789abcdef"):
+            return False
+        shard = int(stem, 16)
+        return shard < (1 << self.sd.spec.shard_bits) and self.sd.spec.shard_name(shard) == stem
+
+    def passes_through(self, name: str) -> bool:
+        """A stored entry called `name` is shown as stored (see the module docstring)."""
+        if name == INFO and self.sd.info is not None:
+            return False
+        return self.chunk_key(name) is None and not self.is_shard_file(name)
+
     async def lookup(self, name: str) -> Node | None:
-        if name == INFO:
+        if name == INFO and self.sd.info is not None:
             return self._info()
-        return await self.lookup_file(name)
+        key = self.chunk_key(name)
+        if key is not None:  # no listing needed
+            return await self.chunk(key)
+        return await self.stored.lookup(name) if self.passes_through(name) else None
 
     async def entries(self) -> list[tuple[str, Node]]:
         if self._listing is None:
@@ -130,10 +160,22 @@ class ShardedDirNode(Dir):
             info = self._info()
             if info is not None:
                 found.append((INFO, info))
-            self._listing = sorted(found, key=lambda e: e[0])
-        return self._listing
+            self._listing = sorted(found, key=lambda e: e[0])  # type: ignore[arg-type,misc]
+        listing = await self.stored.listing()
+        if listing is None:
+            return self._listing
+        stored = [(name, self.stored.child(listing, i)) for i, name in enumerate(listing.names) if self.passes_through(name)]
+        if not stored:  # the usual volume scale: shards only
+            return self._listing
+        return list(heapq.merge(self._listing, stored, key=lambda e: e[0]))
 
-    async def lookup_file(self, name: str) -> Node | None:
+    def chunk_key(self, name: str):
+        """What identifies the unsharded file called `name` in the shards, or None if `name`
+        is not an unsharded name of this directory."""
+        raise NotImplementedError
+
+    async def chunk(self, key) -> Node | None:
+        """The unsharded file `chunk_key` found, or None if the shards do not hold it."""
         raise NotImplementedError
 
     async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
@@ -175,9 +217,12 @@ class MortonDir(ShardedDirNode, InodeRange):
     async def node_at(self, offset: int) -> Node | None:
         return await self.file(offset)
 
-    async def lookup_file(self, name: str) -> Node | None:
+    def chunk_key(self, name: str) -> int | None:
         cell = self.parse(name)
-        return None if cell is None else await self.file(morton_encode(cell, self.bits))
+        return None if cell is None else morton_encode(cell, self.bits)
+
+    async def chunk(self, key: int) -> Node | None:
+        return await self.file(key)
 
     async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
         ids = ids[ids < np.uint64(self.count)]
@@ -196,12 +241,16 @@ class IdDir(ShardedDirNode):
     def mesh(self) -> bool:
         return self.sd.kind == "mesh"
 
-    async def lookup_file(self, name: str) -> Node | None:
+    def chunk_key(self, name: str) -> tuple[int, bool] | None:
+        """(segment id, whether the file is the whole stored chunk)."""
         is_manifest = self.mesh and name.endswith(".index")
         seg = parse_coord(name[: -len(".index")] if is_manifest else name)
         if seg is None or seg >= 2**64:
             return None
-        return await self.file(seg, is_manifest or not self.mesh)
+        return seg, is_manifest or not self.mesh
+
+    async def chunk(self, key: tuple[int, bool]) -> Node | None:
+        return await self.file(*key)
 
     async def file(self, seg: int, whole: bool) -> Node | None:
         """The file for segment `seg`: its stored chunk (`whole`), or a mesh's fragment data.

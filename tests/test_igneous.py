@@ -1,0 +1,114 @@
+"""igneous-written skeletons and meshes through a real zvfs mount (issue 14, point 0).
+
+igneous keeps spatial indexes, `0.labels.gz`, `*.frags` and provenance beside the shards of a
+precomputed dataset; cloud-volume's spatial-index queries read them. On the mount every such
+file must be listed and read as stored, in every directory, while the shards themselves are
+shown unsharded. The dataset is written once per module by igneous (tests/writers_igneous.py);
+expectations come from cloud-volume reading the original and from the labels put in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import writers_igneous as wi
+from conftest import zvfs_mount
+from writers_precomputed import cloudvolume_env
+
+pytestmark = pytest.mark.mount
+
+
+@pytest.fixture(scope="module")
+def cv_env(tmp_path_factory):
+    """cloud-volume reads its cache/lock directories from the environment at import time."""
+    with cloudvolume_env(tmp_path_factory.mktemp("igneous-cv-env")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, cv_env) -> Path:
+    return wi.write_igneous_dataset(tmp_path_factory.mktemp("igneous"))
+
+
+@pytest.fixture(scope="module")
+def mnt(dataset, tmp_path_factory):
+    base = tmp_path_factory.mktemp("igneous-mount")
+    with zvfs_mount(dataset, base / "mnt", log=base / "zvfs.log") as mnt:
+        yield mnt
+
+
+def object_dirs(root: Path) -> dict[str, str]:
+    """kind -> directory, as the dataset's info names them."""
+    import json
+
+    info = json.loads((root / "info").read_text())
+    return {"mesh": info["mesh"], "skeletons": info["skeletons"]}
+
+
+def cv_open(root: Path):
+    from cloudvolume import CloudVolume
+
+    return CloudVolume(f"file://{root}", progress=False, cache=False)
+
+
+def test_fixture_holds_igneous_own_files_beside_the_shards(dataset):
+    """Sanity of the fixture: igneous sharded both directories and left its other files there
+    (what a view showing only unsharded names would hide)."""
+    import json
+
+    for kind, d in object_dirs(dataset).items():
+        files = os.listdir(dataset / d)
+        assert json.loads((dataset / d / "info").read_text()).get("sharding"), kind
+        for suffix in (".shard", ".spatial.gz", ".frags", "0.labels.gz"):
+            assert any(f.endswith(suffix) for f in files), (kind, suffix, files)
+    assert (dataset / "provenance").is_file()
+
+
+@pytest.mark.parametrize("kind", ["mesh", "skeletons"])
+def test_every_stored_file_but_the_shards_passes_through(dataset, mnt, kind):
+    d = object_dirs(dataset)[kind]
+    stored = [f for f in os.listdir(dataset / d) if not f.endswith(".shard") and f != "info"]
+    unsharded = {str(label) for label in wi.LABELS}
+    if kind == "mesh":
+        unsharded |= {f"{label}.index" for label in wi.LABELS}
+    assert sorted(os.listdir(mnt / d)) == sorted(set(stored) | unsharded | {"info"})
+    for f in stored:
+        assert (mnt / d / f).read_bytes() == (dataset / d / f).read_bytes(), f
+        assert os.stat(mnt / d / f).st_size == os.stat(dataset / d / f).st_size, f
+    assert (mnt / "provenance").read_bytes() == (dataset / "provenance").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["mesh", "skeletons"])
+def test_spatial_index_queries_equal_the_original(dataset, mnt, kind):
+    from cloudvolume import Bbox
+
+    attr = {"mesh": "mesh", "skeletons": "skeleton"}[kind]
+    orig, mounted = getattr(cv_open(dataset), attr), getattr(cv_open(mnt), attr)
+    whole = cv_open(dataset).bounds * cv_open(dataset).resolution
+    corner = Bbox((0, 0, 0), whole.maxpt // 2)  # one spatial-index cell of eight
+    for bbox in (whole, corner):
+        assert mounted.spatial_index.query(bbox) == orig.spatial_index.query(bbox), bbox
+    assert orig.spatial_index.query(whole) == set(wi.LABELS)
+    assert 0 < len(orig.spatial_index.query(corner)) < len(wi.LABELS)
+
+
+def test_skeletons_equal_the_original(dataset, mnt):
+    orig, mounted = cv_open(dataset), cv_open(mnt)
+    for label in wi.LABELS:
+        a, b = orig.skeleton.get(label), mounted.skeleton.get(label)
+        assert len(a.vertices) > 1
+        assert np.array_equal(a.vertices, b.vertices) and np.array_equal(a.edges, b.edges), label
+        assert np.array_equal(a.radii, b.radii), label
+
+
+def test_meshes_equal_the_original(dataset, mnt):
+    orig, mounted = cv_open(dataset), cv_open(mnt)
+    for label in wi.LABELS:
+        a, b = orig.mesh.get(label), mounted.mesh.get(label)
+        a, b = a.get(label, a) if isinstance(a, dict) else a, b.get(label, b) if isinstance(b, dict) else b
+        assert len(a.faces) > 0
+        assert np.array_equal(a.vertices, b.vertices) and np.array_equal(a.faces, b.faces), label
