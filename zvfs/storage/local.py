@@ -24,9 +24,15 @@ alternating runs): 1024 files of 4 KiB 0.282 s now vs 0.309 s before, 256 files 
   not support RWF_NOWAIT); the `fstat` that ties a read to a `Version` stays on the loop;
 * files on filesystems that can stall without bound (NFS, CIFS, FUSE, anything not known to be
   local, judged from /proc/self/mountinfo) do every syscall in worker threads;
-* opens and listings always run in worker threads, and each mount point under the store has
-  its own thread limiter: a hung mount holds at most `THREADS_PER_MOUNT` threads and costs the
-  files that live on it, never the rest of the store;
+* opens of plain paths on local filesystems whose every component is in the kernel's caches
+  run on the loop (`openat2(RESOLVE_CACHED)`, ~9 us); all other opens, and all listings, run
+  in worker threads. 4096 shards opened and index-read: 145-180 us per shard with every open
+  in a thread, 30 us with cached opens, 22 us with the old blocking opens; through a mount
+  (`find -type f | xargs cat` over 4096 one-chunk shards, medians of 7 alternating runs on a
+  loaded machine) 3.70 s now vs 3.91 s before (4.69 s vs 2.20 s with every open in a
+  thread); each mount point
+  under the store has its own thread limiter: a hung mount holds at most `THREADS_PER_MOUNT`
+  threads and costs the files that live on it, never the rest of the store;
 * opens use O_NONBLOCK|O_NOCTTY and only regular files are kept (a FIFO, socket or device is a
   one-line `StorageError` naming the key, EIO for its files);
 * nothing outside the store root is served unless `follow_symlinks`: what an open really
@@ -49,6 +55,7 @@ bytes, which is never wrong, only a re-read.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -79,6 +86,30 @@ THREADS_PER_MOUNT = 8
 STABLE_READ_ATTEMPTS = 3
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_SLOW = object()  # "ask a worker thread"
+
+
+class _OpenHow(ctypes.Structure):  # struct open_how of openat2(2)
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+SYS_OPENAT2 = 437  # one number on every architecture (new syscalls share the generic table)
+RESOLVE_NO_SYMLINKS, RESOLVE_CACHED = 0x04, 0x20
+
+
+def _open_path_if_cached(path: str) -> int:
+    """An O_PATH descriptor of `path` (nothing is opened: no FIFO or device open runs), from
+    the kernel's caches only: `openat2(RESOLVE_CACHED | RESOLVE_NO_SYMLINKS)` fails with
+    EAGAIN where the lookup would need I/O or revalidation (never waits, the open analogue of
+    RWF_NOWAIT), ELOOP at a symlink; ENOSYS/EINVAL on kernels before 5.12."""
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_CACHED | RESOLVE_NO_SYMLINKS)
+    fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(-100), os.fsencode(path),  # AT_FDCWD
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return fd
 
 
 def _state(st: os.stat_result) -> tuple:
@@ -138,13 +169,18 @@ def _fstat_blocking(fd: int) -> os.stat_result:
 
 class _MountTable:
     """Which mount each path is on, from /proc/self/mountinfo; re-read only when the kernel
-    reports a change of the table (POLLPRI on the open file), so a lookup costs one poll."""
+    reports a change of the table (POLLPRI on the open file). A lookup costs one poll and,
+    per directory, one walk up its ancestors (remembered: ~1 us instead of ~7 us for a scan
+    of the table)."""
+
+    MEMO = 4096  # directories remembered
 
     def __init__(self):
         self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLPRI)
-        self._mounts: list[tuple[str, str]] = []
+        self._types: dict[str, str] = {}  # mount point -> filesystem type of the visible mount
+        self._memo: dict[str, tuple[str, str]] = {}
         self._load()
 
     def _load(self) -> None:
@@ -152,32 +188,40 @@ class _MountTable:
         chunks = []
         while chunk := os.read(self._fd, 1 << 16):
             chunks.append(chunk)
-        mounts = []
+        types = {}
         for line in b"".join(chunks).decode(errors="replace").splitlines():
             fields, _, tail = line.partition(" - ")
             parts = fields.split()
-            if len(parts) >= 5 and tail:
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])
-                mounts.append((point, tail.split()[0]))
-        self._mounts = mounts
+            if len(parts) >= 5 and tail:  # later lines win: of stacked mounts the last is visible
+                types[re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])] = tail.split()[0]
+        self._types = types
+        self._memo = {}
 
     def mount_of(self, path: str) -> tuple[str, str]:
-        """(mount point, filesystem type) of the deepest mount containing `path` (a real path);
-        of stacked mounts on one point the last one is the visible one."""
+        """(mount point, filesystem type) of the deepest mount containing `path`, an absolute
+        path without symlinks, `.` or `..`."""
         if self._poll.poll(0):
             self._load()
-        best = ("/", "")
-        for point, fstype in self._mounts:
-            inside = path == point or path.startswith(point.rstrip("/") + "/")
-            if inside and len(point) >= len(best[0]):
-                best = (point, fstype)
-        return best
+        fstype = self._types.get(path)
+        if fstype is not None:
+            return path, fstype
+        parent = path.rpartition("/")[0] or "/"
+        found = self._memo.get(parent)
+        if found is None:
+            point = parent
+            while point not in self._types and point != "/":
+                point = point.rpartition("/")[0] or "/"
+            found = (point, self._types.get(point, ""))
+            if len(self._memo) >= self.MEMO:
+                self._memo.clear()
+            self._memo[parent] = found
+        return found
 
     def stalling_points(self) -> frozenset[str]:
         """Mount points of filesystems not known to be local (their root may not answer)."""
         if self._poll.poll(0):
             self._load()
-        return frozenset(point for point, fstype in self._mounts if fstype not in LOCAL_FS_TYPES)
+        return frozenset(point for point, fstype in self._types.items() if fstype not in LOCAL_FS_TYPES)
 
     def close(self) -> None:
         os.close(self._fd)
@@ -207,6 +251,7 @@ class LocalStore(Store):
         self._mounts = _MountTable()
         self._limiters: dict[str, trio.CapacityLimiter] = {}
         self._warned: set[str] = set()
+        self._cached_opens = True  # openat2(RESOLVE_CACHED) works on this kernel
         self._scratch = memoryview(bytearray(1 << 17))  # RWF_NOWAIT target of reads up to 128 KiB
 
     # -- paths, limits, descriptors ------------------------------------------------------
@@ -229,8 +274,13 @@ class LocalStore(Store):
         # abandon_on_cancel: a call stuck on a hung mount must not keep the daemon from exiting
         return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
 
+    def _real_path(self, key: str) -> str:
+        """The path of `key` below the real root, as it reads (symlinks not resolved)."""
+        path = self._inside_prefix + key if key else self.real_root
+        return os.path.normpath(path) if "/." in path or "//" in path or path.endswith("/") else path
+
     def _lexical_mount(self, key: str) -> str:
-        return self._mounts.mount_of(os.path.normpath(os.path.join(self.real_root, key)))[0]
+        return self._mounts.mount_of(self._real_path(key))[0]
 
     def _open_blocking(self, key: str) -> tuple[int, os.stat_result, str] | None:
         """Open `key` as a regular file inside the store (worker thread). None: absent or a
@@ -262,14 +312,46 @@ class LocalStore(Store):
             raise
         return fd, st, real
 
+    def _open_cached(self, path: str):
+        """`_open_blocking` on the trio thread where nothing can block: a plain path (no
+        symlinks, so its mount is the one it names) on a local filesystem, every component in
+        the kernel's caches. Returns like `_open_blocking`, or _SLOW where that must decide."""
+        try:
+            pfd = _open_path_if_cached(path)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):  # known absent (cached negative entry)
+                return None
+            if e.errno in (errno.ENOSYS, errno.EINVAL):  # kernel without RESOLVE_CACHED
+                self._cached_opens = False
+            return _SLOW
+        try:
+            st = os.fstat(pfd)
+            if stat.S_ISDIR(st.st_mode):
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                return _SLOW  # the worker thread says what it is, in the same words
+            # reopening the O_PATH descriptor opens that very inode: no lookup, no race
+            return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC), st, path
+        except OSError:
+            return _SLOW
+        finally:
+            os.close(pfd)
+
     async def _get(self, key: str) -> tuple[_Open | None, os.stat_result | None]:
-        """The cached descriptor of `key`, opened in a worker thread on a miss; with the stat
-        taken at the open (None when the descriptor was cached)."""
+        """The cached descriptor of `key`; on a miss opened from the kernel's caches on the
+        loop, or else in a worker thread; with the stat taken at the open (None when the
+        descriptor was cached)."""
         o = self._fds.get(key)
         if o is not None:
             self._fds.move_to_end(key)
             return o, None
-        got = await self._in_thread(self._lexical_mount(key), self._open_blocking, key)
+        path = self._real_path(key)
+        point, fstype = self._mounts.mount_of(path)
+        got = _SLOW
+        if self._cached_opens and fstype in LOCAL_FS_TYPES and self._inside(path):
+            got = self._open_cached(path)
+        if got is _SLOW:
+            got = await self._in_thread(point, self._open_blocking, key)
         if got is None:
             return None, None
         fd, st, real = got
