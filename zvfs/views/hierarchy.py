@@ -40,10 +40,11 @@ class HierarchyView:
                 try:
                     self.check(node)
                 except NotExpressible as e:
+                    if path == "":  # a mount whose root would be ENOENT is refused
+                        raise MetadataError(f"{store.display} (--view {self.name})", f"the root array cannot be shown: {e}") from None
                     self.absent[path] = str(e)
-                    log.warning("%s view: array %s is not shown: %s", self.name, path or "/", e)
-        if self.node_for("") is None:  # a mount whose root would be ENOENT is refused
-            raise MetadataError(f"{store.display} (--view {self.name})", f"the root array cannot be shown: {self.absent['']}")
+                    log.warning("%s view: array %s is not shown: %s", self.name, path, e)
+        self.node_for("")
 
     def source(self, node: ArrayNode) -> ShardedArray | PlainArray:
         return ShardedArray(node, self.store, self.cache) if node.plan else PlainArray(node, self.store)

@@ -84,6 +84,7 @@ class N5Multiscale:
     scales: list[list[float]]  # per level, the physical size of a pixel (array axis order)
     axes: list[str]
     units: list[str]
+    types: list[str]
     names: dict[str, str] = field(default_factory=dict)  # view name (s0, s1, ...) -> level path
 
     @classmethod
@@ -97,6 +98,7 @@ class N5Multiscale:
         axes = m.get("axes") or []
         names = [a.get("name", "") if isinstance(a, dict) else str(a) for a in axes]
         units = [UNIT_SYMBOLS.get(a.get("unit", ""), a.get("unit", "")) if isinstance(a, dict) else "" for a in axes]
+        types = [a.get("type", "") if isinstance(a, dict) else "" for a in axes]
         glob = _scale(m.get("coordinateTransformations")) or [1.0] * len(axes)
         levels, scales = [], []
         for d in m.get("datasets") or []:
@@ -109,7 +111,7 @@ class N5Multiscale:
             scales.append([s * g for s, g in zip(scale, glob)])
         if not levels:
             return None
-        return cls(levels, scales, names, units, {f"s{i}": p for i, p in enumerate(levels)})
+        return cls(levels, scales, names, units, types, {f"s{i}": p for i, p in enumerate(levels)})
 
     def view_name(self, stored: str) -> str:
         return next((v for v, s in self.names.items() if s == stored), stored)
@@ -118,7 +120,8 @@ class N5Multiscale:
         return [_factor(s, s0) for s, s0 in zip(self.scales[i], self.scales[0])]
 
     def space_unit(self) -> str:
-        units = [u for u in self.units if u]
+        """pixelResolution has one unit: that of the space axes (x's), "pixel" when none."""
+        units = [u for u, t in zip(self.units, self.types) if u and t == "space"]
         return units[-1] if units else "pixel"
 
     def group_attributes(self) -> dict:
