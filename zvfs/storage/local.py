@@ -9,7 +9,7 @@ best of 5-15 rounds):
     one trio.to_thread.run_sync hop ~107 us | fstat 1.2 us | stat of a path 1.8-2.1 us
     LocalStore.read, old (plain pread) vs now, same process, interleaved rounds:
       4 KiB 1.45 -> 2.33 us (4.38 us with expect=, i.e. + one fstat), 64 KiB 5.2 -> 7.8 us
-    current() of an open key 4.3 us
+    current() of an open key: 4.3 us with os.stat, 9-11 us with the never-waiting lookup
 
 so a thread hop per read would cost 20-100x a cached read, while the page-cache-only fast
 path (`RWF_NOWAIT`: answers from the page cache or fails with EAGAIN, never waits for a disk)
@@ -30,19 +30,22 @@ alternating runs): 1024 files of 4 KiB 0.282 s now vs 0.309 s before, 256 files 
   in a thread, 30 us with cached opens, 22 us with the old blocking opens; through a mount
   (`find -type f | xargs cat` over 4096 one-chunk shards, medians of 7 alternating runs on a
   loaded machine) 3.70 s now vs 3.91 s before (4.69 s vs 2.20 s with every open in a
-  thread); each mount point
-  under the store has its own thread limiter: a hung mount holds at most `THREADS_PER_MOUNT`
-  threads and costs the files that live on it, never the rest of the store;
-* opens use O_NONBLOCK|O_NOCTTY and only regular files are kept (a FIFO, socket or device is a
-  one-line `StorageError` naming the key, EIO for its files);
+  thread). Each mount point under the store has its own thread limiter: a hung mount holds
+  at most `THREADS_PER_MOUNT` threads and costs the files that live on it, never the rest of
+  the store;
+* only regular files are ever opened (O_PATH and fstat first on the loop, stat first in a
+  thread, then O_NONBLOCK|O_NOCTTY and fstat again): a FIFO, socket or device is a one-line
+  `StorageError` naming the key, EIO for its files;
 * nothing outside the store root is served unless `follow_symlinks`: what an open really
   reached is checked on the descriptor itself (/proc/self/fd), so a symlink swapped in between
   a check and the open cannot leak a file; listings drop entries that lead outside and
   directories that lead back to one of their own ancestors (`junk/a -> .`).
 
 File descriptors of shards are kept open in a small LRU because shards are read many times.
-`current()` (called on every chunk-file open) is one `stat` of the path on the loop (4.3 us
-in all, against ~90 us of pyfuse3 overhead per open): cheap enough to run on every open. A
+`current()` (called on every chunk-file open) looks the path up on the loop from the kernel's
+caches only (O_PATH openat2 + fstat, 9-11 us in all; a plain stat is 4.3 us but would follow
+a directory swapped for a symlink into a hung mount, or wait for a disk): ~5 us more than a
+stat, ~5% of the ~90 us pyfuse3 spends per open, the price of never freezing the mount. A
 thread read works on a `dup` of the descriptor, so closing an evicted descriptor can never
 make a pending read hit whatever reuses its number.
 
@@ -93,9 +96,14 @@ class _OpenHow(ctypes.Structure):  # struct open_how of openat2(2)
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
 SYS_OPENAT2 = 437  # one number on every architecture (new syscalls share the generic table)
 RESOLVE_NO_SYMLINKS, RESOLVE_CACHED = 0x04, 0x20
+AT_FDCWD = -100
+_syscall = ctypes.CDLL(None, use_errno=True).syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+_HOW = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_CACHED | RESOLVE_NO_SYMLINKS)
+_HOW_ADDRESS, _HOW_SIZE = ctypes.addressof(_HOW), ctypes.sizeof(_HOW)
 
 
 def _open_path_if_cached(path: str) -> int:
@@ -103,9 +111,7 @@ def _open_path_if_cached(path: str) -> int:
     the kernel's caches only: `openat2(RESOLVE_CACHED | RESOLVE_NO_SYMLINKS)` fails with
     EAGAIN where the lookup would need I/O or revalidation (never waits, the open analogue of
     RWF_NOWAIT), ELOOP at a symlink; ENOSYS/EINVAL on kernels before 5.12."""
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_CACHED | RESOLVE_NO_SYMLINKS)
-    fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_long(-100), os.fsencode(path),  # AT_FDCWD
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = _syscall(SYS_OPENAT2, AT_FDCWD, os.fsencode(path), _HOW_ADDRESS, _HOW_SIZE)
     if fd < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), path)
@@ -312,20 +318,34 @@ class LocalStore(Store):
             raise
         return fd, st, real
 
-    def _open_cached(self, path: str):
-        """`_open_blocking` on the trio thread where nothing can block: a plain path (no
-        symlinks, so its mount is the one it names) on a local filesystem, every component in
-        the kernel's caches. Returns like `_open_blocking`, or _SLOW where that must decide."""
+    def _lookup_cached(self, path: str):
+        """(O_PATH descriptor, its stat) of a plain path (no symlinks, so its mount is the one
+        it names) from the kernel's caches only, never waiting; None when known absent (a
+        cached negative entry); _SLOW when only a worker thread can tell."""
+        if not self._cached_opens:
+            return _SLOW
         try:
             pfd = _open_path_if_cached(path)
         except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENOTDIR):  # known absent (cached negative entry)
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
             if e.errno in (errno.ENOSYS, errno.EINVAL):  # kernel without RESOLVE_CACHED
                 self._cached_opens = False
             return _SLOW
         try:
-            st = os.fstat(pfd)
+            return pfd, os.fstat(pfd)
+        except OSError:
+            os.close(pfd)
+            return _SLOW
+
+    def _open_cached(self, path: str):
+        """`_open_blocking` on the trio thread where nothing can block (a path on a local
+        filesystem, see `_lookup_cached`). Returns like `_open_blocking`, or _SLOW."""
+        got = self._lookup_cached(path)
+        if got is None or got is _SLOW:
+            return got
+        pfd, st = got
+        try:
             if stat.S_ISDIR(st.st_mode):
                 return None
             if not stat.S_ISREG(st.st_mode):
@@ -348,7 +368,7 @@ class LocalStore(Store):
         path = self._real_path(key)
         point, fstype = self._mounts.mount_of(path)
         got = _SLOW
-        if self._cached_opens and fstype in LOCAL_FS_TYPES and self._inside(path):
+        if fstype in LOCAL_FS_TYPES and self._inside(path):
             got = self._open_cached(path)
         if got is _SLOW:
             got = await self._in_thread(point, self._open_blocking, key)
@@ -378,6 +398,21 @@ class LocalStore(Store):
     def _drop(self, key: str, o: _Open) -> None:
         if self._fds.get(key) is o:
             os.close(self._fds.pop(key).fd)
+
+    async def _stat(self, key: str, o: _Open) -> os.stat_result | None:
+        """A fresh stat of the path of `key` (whose descriptor is `o`); None if there is none.
+        On the loop only from the kernel's caches: a path that changed into a symlink to a
+        hung mount must not freeze the loop."""
+        got = self._lookup_cached(self._real_path(key)) if o.local else _SLOW
+        if got is _SLOW:
+            try:
+                return await self._in_thread(o.mount, os.stat, self._path(key))
+            except OSError:
+                return None
+        if got is None:
+            return None
+        os.close(got[0])
+        return got[1]
 
     async def _fstat(self, o: _Open) -> os.stat_result:
         return os.fstat(o.fd) if o.local else await self._in_thread(o.mount, _fstat_blocking, os.dup(o.fd))
@@ -453,16 +488,12 @@ class LocalStore(Store):
         return data, None if st is None else self._version(key, st)
 
     async def current(self, key: str) -> Version | None:
-        """A stat of the path (on the loop for local filesystems): the same file as the cached
+        """A stat of the path (see `_stat`): the same file as the cached
         descriptor gives its current version (an in-place rewrite shows as new size and
         times); another file (atomic replace) or none (deleted) drops the stale descriptor."""
         o = self._fds.get(key)
         if o is not None:
-            path = self._path(key)
-            try:
-                st = os.stat(path) if o.local else await self._in_thread(o.mount, os.stat, path)
-            except OSError:
-                st = None
+            st = await self._stat(key, o)
             if st is not None and (st.st_dev, st.st_ino) == o.ident:
                 return self._version(key, st)
             self._drop(key, o)
