@@ -165,6 +165,15 @@ def _read_blocking(fd: int, start: int, length: int | None, stable: bool) -> tup
         os.close(fd)
 
 
+def _close(fd: int, local: bool) -> None:
+    """Close on the loop for local filesystems; elsewhere in a thread of its own, not awaited:
+    close(2) on FUSE sends a synchronous FLUSH, which a hung filesystem never answers."""
+    if local:
+        os.close(fd)
+    else:
+        trio.lowlevel.start_thread_soon(lambda: os.close(fd), lambda _outcome: None)
+
+
 def _fstat_blocking(fd: int) -> os.stat_result:
     """fstat in a worker thread, of a dup'ed descriptor that it closes."""
     try:
@@ -375,13 +384,15 @@ class LocalStore(Store):
         if got is None:
             return None, None
         fd, st, real = got
-        if key in self._fds:  # another task opened it meanwhile: keep one descriptor
-            os.close(fd)
-            return self._fds[key], None
         point, fstype = self._mounts.mount_of(real)
-        o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, fstype in LOCAL_FS_TYPES)
+        local = fstype in LOCAL_FS_TYPES
+        if key in self._fds:  # another task opened it meanwhile: keep one descriptor
+            _close(fd, local)
+            return self._fds[key], None
+        o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local)
         if len(self._fds) > self._max_open:
-            os.close(self._fds.popitem(last=False)[1].fd)
+            old = self._fds.popitem(last=False)[1]
+            _close(old.fd, old.local)
         return o, st
 
     def _version(self, key: str, st: os.stat_result) -> Version:
@@ -397,7 +408,8 @@ class LocalStore(Store):
 
     def _drop(self, key: str, o: _Open) -> None:
         if self._fds.get(key) is o:
-            os.close(self._fds.pop(key).fd)
+            del self._fds[key]
+            _close(o.fd, o.local)
 
     async def _stat(self, key: str, o: _Open) -> os.stat_result | None:
         """A fresh stat of the path of `key` (whose descriptor is `o`); None if there is none.
@@ -569,6 +581,6 @@ class LocalStore(Store):
 
     async def aclose(self) -> None:
         for o in self._fds.values():
-            os.close(o.fd)
+            _close(o.fd, o.local)
         self._fds.clear()
         self._mounts.close()
