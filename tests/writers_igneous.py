@@ -3,8 +3,9 @@
 igneous (the pipeline most sharded precomputed data comes from) leaves its own files beside the
 shards: spatial indexes (`*.spatial.gz`), `0.labels.gz`, `*.frags`, `provenance`; cloud-volume's
 spatial-index queries read them. Here cloud-volume writes a small labelled volume and igneous's
-own tasks (meshing, multiresolution shard merge, kimimaro skeletonizing, skeleton shard merge)
-run on it through a LocalTaskQueue, so the directories hold exactly what igneous writes.
+own tasks (meshing, multiresolution shard merge, kimimaro skeletonizing, skeleton shard merge,
+a sharded 2x downsample as scale 1) run on it through a LocalTaskQueue, so the directories hold
+exactly what igneous writes.
 
 igneous runs in a venv of its own, made on first use and kept (about a minute once, with pip's
 cache): in the test venv it breaks existing tests, because it pins DracoPy < 2 (cloud-volume
@@ -96,7 +97,9 @@ def write(out: Path) -> None:
                  lambda: tc.create_sharded_multires_mesh_tasks(path, num_lod=1, progress=False),
                  lambda: tc.create_skeletonizing_tasks(path, mip=0, shape=CHUNK, sharded=True, spatial_index=True,
                                                        dust_threshold=10),
-                 lambda: tc.create_sharded_skeleton_merge_tasks(path, dust_threshold=10, tick_threshold=10)):
+                 lambda: tc.create_sharded_skeleton_merge_tasks(path, dust_threshold=10, tick_threshold=10),
+                 lambda: tc.create_image_shard_downsample_tasks(path, mip=0, factor=(2, 2, 2), chunk_size=(32, 32, 32),
+                                                               num_mips=1)):
         tq.insert(make())
         tq.execute(progress=False)
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 
 import numpy as np
 
-from ..errors import CorruptShardError
+from ..errors import CorruptShardError, StorageError
 from ..formats.chunkref import ChunkRef
 from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode,
                                    morton_encode, unsharded_info, volume_chunk_limit)
@@ -32,6 +33,8 @@ from ..storage.base import Store, Version
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, StoreDir, Tree
 from .chunks import parse_coord
+
+log = logging.getLogger("zvfs.view.precomputed")
 
 
 def info_file(tree: Tree, path: str, info: dict, source: Version | None = None) -> Node:
@@ -160,8 +163,12 @@ class ShardedDirNode(Dir):
             info = self._info()
             if info is not None:
                 found.append((INFO, info))
-            self._listing = sorted(found, key=lambda e: e[0])  # type: ignore[arg-type,misc]
-        listing = await self.stored.listing()
+            self._listing = sorted(found, key=lambda e: e[0])
+        try:
+            listing = await self.stored.listing()
+        except StorageError as e:  # e.g. 403 for a directory on a server without index pages
+            log.info("%s: cannot list (%s): only the unsharded files are listed", self.sd.path, e)
+            return self._listing
         if listing is None:
             return self._listing
         stored = [(name, self.stored.child(listing, i)) for i, name in enumerate(listing.names) if self.passes_through(name)]
