@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import writers_igneous as wi
-from conftest import zvfs_mount
+from conftest import run_zvfs, zvfs_mount
 from writers_precomputed import cloudvolume_env
 
 pytestmark = pytest.mark.mount
@@ -85,6 +85,12 @@ def test_every_stored_file_but_the_shards_passes_through(dataset, mnt, kind):
     if kind == "mesh":
         unsharded |= {f"{label}.index" for label in wi.LABELS}
     assert sorted(os.listdir(mnt / d)) == sorted(set(stored) | unsharded | {"info"})
+    r = run_zvfs("ls", "-l", dataset, d)  # the same tree without FUSE (the other listing path)
+    assert r.returncode == 0, r.stderr
+    listed = dict(line.split()[::-1] for line in r.stdout.decode().splitlines())
+    assert sorted(listed) == sorted(os.listdir(mnt / d))
+    for f in stored:
+        assert int(listed[f]) == os.stat(dataset / d / f).st_size, f
     for f in stored:
         assert (mnt / d / f).read_bytes() == (dataset / d / f).read_bytes(), f
         assert os.stat(mnt / d / f).st_size == os.stat(dataset / d / f).st_size, f

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+from typing import Awaitable, Callable, TypeVar
 
 import numpy as np
 
@@ -31,10 +32,11 @@ from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, Shard
                                    morton_encode, unsharded_info, volume_chunk_limit)
 from ..storage.base import Store, Version
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, StoreDir, Tree
+from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Rows, StoreDir, Tree
 from .chunks import parse_coord
 
 log = logging.getLogger("zvfs.view.precomputed")
+T = TypeVar("T")
 
 
 def info_file(tree: Tree, path: str, info: dict, source: Version | None = None) -> Node:
@@ -156,7 +158,8 @@ class ShardedDirNode(Dir):
             return await self.chunk(key)
         return await self.stored.lookup(name) if self.passes_through(name) else None
 
-    async def entries(self) -> list[tuple[str, Node]]:
+    async def unsharded(self) -> list[tuple[str, Node]]:
+        """The files the shards hold and the own `info`, sorted (read once, until forgotten)."""
         if self._listing is None:
             ids = await self.kv.all_ids()
             found = [e for e in await self.files_for(ids) if e[1] is not None]
@@ -164,17 +167,38 @@ class ShardedDirNode(Dir):
             if info is not None:
                 found.append((INFO, info))
             self._listing = sorted(found, key=lambda e: e[0])
+        return self._listing
+
+    async def _stored(self, read: Callable[[], Awaitable[T]]) -> T | None:
+        """`read` of the store directory, or None where the store cannot list it."""
         try:
-            listing = await self.stored.listing()
+            return await read()
         except StorageError as e:  # e.g. 403 for a directory on a server without index pages
             log.info("%s: cannot list (%s): only the unsharded files are listed", self.sd.path, e)
-            return self._listing
+            return None
+
+    async def entries(self) -> list[tuple[str, Node]]:
+        own = await self.unsharded()
+        listing = await self._stored(self.stored.listing)
         if listing is None:
-            return self._listing
+            return own
         stored = [(name, self.stored.child(listing, i)) for i, name in enumerate(listing.names) if self.passes_through(name)]
-        if not stored:  # the usual volume scale: shards only
-            return self._listing
-        return list(heapq.merge(self._listing, stored, key=lambda e: e[0]))
+        return list(heapq.merge(own, stored, key=lambda e: e[0])) if stored else own
+
+    async def rows(self) -> Rows:
+        """As `entries`, with the stored part taken from the store directory's rows: no node
+        per pass-through entry (igneous leaves one `.frags` per task and a spatial index file
+        per cell beside the shards)."""
+        own = Rows.of(await self.unsharded())
+        stored = await self._stored(self.stored.rows)
+        keep = [] if stored is None else [i for i, name in enumerate(stored.names) if self.passes_through(name)]
+        if not keep:
+            return own
+        out = Rows([], [], [], [], [], [])
+        for _, src, i in heapq.merge(((name, own, i) for i, name in enumerate(own.names)),
+                                     ((stored.names[i], stored, i) for i in keep), key=lambda t: t[0]):  # type: ignore[union-attr]
+            out.add(src.names[i], src.inos[i], src.is_dir[i], src.sizes[i], src.modes[i], src.mtimes[i])
+        return out
 
     def chunk_key(self, name: str):
         """What identifies the unsharded file called `name` in the shards, or None if `name`
