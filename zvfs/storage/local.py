@@ -557,14 +557,14 @@ class LocalStore(Store):
                     if os.path.join(real, de.name) in stalling:
                         out.append(Entry(de.name, True, 0))
                         continue
-                    try:
-                        st = de.stat()
-                    except OSError:
-                        continue  # dangling symlink, or gone meanwhile
                     name = f"{path}/{de.name}"
                     if de.is_symlink() and not self._inside(os.path.realpath(os.path.join(real, de.name))):
                         self._warn_once(name, f"{name}: leads outside the store; not listed without -o follow_symlinks")
                         continue
+                    try:
+                        st = de.stat()
+                    except OSError:
+                        continue  # dangling symlink, or gone meanwhile
                     is_dir = stat.S_ISDIR(st.st_mode)
                     if is_dir and (st.st_dev, st.st_ino) in above:
                         self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")
