@@ -7,8 +7,8 @@ own tasks (meshing, multiresolution shard merge, kimimaro skeletonizing, skeleto
 a sharded 2x downsample as scale 1) run on it through a LocalTaskQueue, so the directories hold
 exactly what igneous writes.
 
-igneous runs in a venv of its own, made on first use and kept (about a minute once, with pip's
-cache): in the test venv it breaks existing tests, because it pins DracoPy < 2 (cloud-volume
+igneous runs in a venv of its own, made on first use and kept (measured: 58 s on an idle machine,
+up to 105 s beside other engineers' test runs; later sessions reuse it): in the test venv it breaks existing tests, because it pins DracoPy < 2 (cloud-volume
 there uses 2.x) and pulls in zfpy 1.0.1.post0, whose version string makes numcodecs (hence
 zarr) fail at import. The writing runs there as `python writers_igneous.py OUT` (this file:
 stdlib at module level, the writer's imports inside `write`), takes about 3 s, and is
