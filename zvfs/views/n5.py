@@ -219,13 +219,15 @@ class N5View(HierarchyView):
         return {**{n: n for n in self._shown_children(group)}, **ms.names}
 
     def _shown_children(self, group: GroupNode) -> list[str]:
-        return [n for n in group.children if not self._only_levels(child_path(group.path, n))]
+        levels = {child_path(group.path, p) for p in self.multiscales[group.path].levels}
+        return [n for n in group.children if not self._only_levels(child_path(group.path, n), levels)]
 
-    def _only_levels(self, path: str) -> bool:
+    def _only_levels(self, path: str, levels: set[str]) -> bool:
+        """Whether everything under `path` is one of the image's levels."""
         node = self.nodes.get(path)
         if isinstance(node, ArrayNode):
-            return path in self.levels
-        return isinstance(node, GroupNode) and all(self._only_levels(child_path(path, c)) for c in node.children)
+            return path in levels
+        return isinstance(node, GroupNode) and all(self._only_levels(child_path(path, c), levels) for c in node.children)
 
     def source(self, node: ArrayNode):
         inner = super().source(node)
