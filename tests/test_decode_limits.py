@@ -180,3 +180,28 @@ def test_chain_decode_limits():
         vlen.decode(big, "bytes", (1,))
     small = numcodecs.Zstd().encode(numcodecs.VLenBytes().encode(np.array([b"ab", b""], dtype=object)))
     assert list(vlen.decode(small, "bytes", (2,))) == [b"ab", b""]
+
+
+@pytest.mark.parametrize("kind", ["passthrough", "transcoded"])
+def test_a_shard_cut_short_is_eio_never_short_bytes(tmp_path, kind):
+    """Both N5 block paths read the chunk through the Zarr view's checked range read: a block
+    whose bytes were cut off the shard while mounted is EIO, never a short block."""
+    import zarr
+
+    src = tmp_path / "cut.zarr"
+    dtype = "uint8" if kind == "passthrough" else "<u2"  # one-byte zstd passes through, little-endian is transcoded
+    a = zarr.create_array(str(src), shape=(64, 64), chunks=(32, 32), shards=(64, 64), dtype=dtype, fill_value=0,
+                          compressors=zarr.codecs.ZstdCodec(level=1), zarr_format=3)
+    a[...] = np.random.default_rng(1).integers(0, 250, size=(64, 64)).astype(dtype)
+    shard = src / "c" / "0" / "0"
+    log = tmp_path / "zvfs.log"
+    with zvfs_mount(src, tmp_path / "mnt", log=log, options=("view=n5",)) as mnt:
+        block = mnt / "1" / "1"  # the last chunk in the shard: past the cut
+        assert os.path.getsize(block) > 0  # located (index read) before the cut
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 3)
+        with pytest.raises(OSError) as e:
+            block.read_bytes()
+        assert e.value.errno == errno.EIO
+    text = log.read_text()
+    assert "Traceback" not in text and "internal error" not in text
