@@ -143,7 +143,7 @@ class Chain:
             for c in bb:
                 exact.append(n)
                 n = c.compute_encoded_size(n, bytes_spec) if n is not None and getattr(c, "is_fixed_size", False) else None
-            buf = proto.buffer.from_bytes(bytes(raw))
+            buf = proto.buffer.from_bytes(raw if isinstance(raw, bytes) else bytes(raw))
             for c, j, size in reversed(list(zip(bb, self.compressors, exact))):
                 buf = _decode_bytes(c, name_of(j), buf, bytes_spec, size, limit)
             if nbytes is not None and self.serializer == "bytes" and len(buf) != nbytes:
@@ -214,7 +214,7 @@ def _decode_bytes(codec, name: str, buf, spec, exact: int | None, limit: int):
         return result
     if exact is not None and len(out) != exact:
         raise DecodeError(f"{name} decoded to {len(out)} bytes, the chunk needs {exact}")
-    return buf.from_bytes(bytes(out) if not isinstance(out, bytes) else out)
+    return buf.from_array_like(np.frombuffer(out, np.uint8) if isinstance(out, (bytes, bytearray)) else out)
 
 
 def gunzip_bounded(data: bytes, limit: int) -> bytes:
