@@ -2,7 +2,9 @@
 N5): every group is a directory with that format's metadata files, every array the format
 can express is a directory with metadata files and a chunk space; arrays it cannot express
 are absent (and logged once). Unlike the Zarr v3 view nothing else passes through: the
-result is a clean store of the other format.
+result is a clean store of the other format. A root array the view cannot express refuses
+the mount (MetadataError) instead of mounting a root that is ENOENT. A view may name a group's
+children differently from the store (`child_names`: the N5 view's s0, s1, ... levels).
 """
 
 from __future__ import annotations

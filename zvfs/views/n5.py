@@ -75,7 +75,6 @@ class ArraySpec:
         self.dtype_be = np.dtype(self.data_type).newbyteorder(">")
         self.chunk = leaf_chunks(node)
         self.shape = node.shape
-        ndim = len(node.shape)
         self.passthrough = (chain.serializer == "bytes" and not chain.array_codecs and chain.endian in ("|", ">")
                             and len(chain.compressors) <= 1 and all(name_of(c) in COMPRESSORS for c in chain.compressors))
         self.codec = (chain.compressors[0] if chain.compressors else None) if self.passthrough else output_codec
