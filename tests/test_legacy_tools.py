@@ -347,7 +347,7 @@ DTYPE_FILLS = [  # (v3 data type, fill value, the fill value as an outside write
     ("float16", float("nan"), NO_EDIT, [1.5, -2.0]), ("float32", float("inf"), NO_EDIT, [0.25, 1e30]),
     ("float32", float("nan"), NAN_TOKEN, [1.0, 2.0]), ("float64", float("-inf"), NO_EDIT, [1e-300, -5.0]),
     ("float64", 2.5, NO_EDIT, [0.0, 1.0]), ("complex64", complex(1.0, float("nan")), NO_EDIT, [1 + 2j, -3j]),
-    ("complex128", complex(0.5, -0.25), NO_EDIT, [1 + 1j, 2]),
+    ("complex128", complex(0.5, -0.25), NO_EDIT, [1 + 1j, 2]), ("string", "", NO_EDIT, ["ab", "cdé"]),
 ]
 
 
@@ -365,8 +365,8 @@ def dtype_store(tmp_path_factory) -> tuple[Path, dict]:
         name = f"a{i}_{dtype}"
         a = zarr.create_array(str(root / name), shape=(6, 5), chunks=(2, 5), shards=(4, 5), dtype=dtype, fill_value=fill,
                               compressors=None, zarr_format=3)
-        data = np.full((2, 5), fill, dtype=dtype)
-        data[:, :2] = np.array(values, dtype=dtype)[:, None]  # only the first shard holds chunks
+        data = np.full((2, 5), fill, dtype=a.dtype)
+        data[:, :2] = np.array(values, dtype=a.dtype)[:, None]  # only the first shard holds chunks
         a[:2, :] = data
         if edit is not NO_EDIT:
             meta_path = root / name / "zarr.json"
@@ -412,11 +412,17 @@ def test_zarr2_metadata_is_valid_for_every_dtype(dtype_store, legacy_venvs, tmp_
                 assert isinstance(fill, bool), fill
             if want.dtype.kind == "f" and not np.isfinite(want[-1, -1]):
                 assert fill in ("NaN", "Infinity", "-Infinity"), fill
+            if dtype == "string":  # tensorstore's zarr driver has no object arrays
+                assert zarray["dtype"] == "|O" and zarray["filters"] == [{"id": "vlen-utf8"}] and fill == ""
+                continue
             t = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(mnt / name)},
                          "context": {"cache_pool": {"total_bytes_limit": 0}}}).result()
             got = np.asarray(t.read().result())
             assert np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"), f"tensorstore {name}"
         run_in(legacy_venvs / "ome04", READ_ZARR218, mnt, out)
     for name, (dtype, want) in expect.items():
-        got = np.load(out / f"{name}.npy")
+        got = np.load(out / f"{name}.npy", allow_pickle=dtype == "string")
+        if dtype == "string":
+            assert got.dtype == object and got.tolist() == want.tolist(), f"zarr 2.18 {name}"
+            continue
         assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"), f"zarr 2.18 {name}"

@@ -10,7 +10,7 @@ to the size the metadata implies (the chunk's shape x item size, plus the fixed 
 checksum codecs) BEFORE the output is allocated where the format says it (zstd frame content
 size, blosc header nbytes), by a streaming decoder with a maximum output (gzip), or by a
 destination buffer of the exact size (zstd frames without a declared size). Other registered
-bytes->bytes codecs are checked after decoding. Variable-length chunks (vlen-bytes) have no
+bytes->bytes codecs are checked after decoding. Variable-length chunks (vlen-bytes/-utf8) have no
 size in the metadata: they may decode to at most `VLEN_MAX`.
 """
 
@@ -29,8 +29,10 @@ import numpy as np
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 #: bytes->bytes codecs whose bytes other formats can carry unchanged (one compressor)
 COMPRESSORS = ("gzip", "zstd", "blosc")
+#: array->bytes codecs of variable-length values (Zarr v2 has them as filters of "|O" arrays)
+VLEN = ("vlen-bytes", "vlen-utf8")
 
-#: Decoded size cap of a variable-length (vlen-bytes) chunk: the default memory budget (256M)
+#: Decoded size cap of a variable-length (vlen-bytes, vlen-utf8) chunk: the default memory budget (256M)
 #: leaves a 40 MiB decoded-data cache; one chunk must fit in it. ZVF cells written by
 #: zarr-vectors with its default chunking hold well under 1 MiB.
 VLEN_MAX = 32 * 2**20
@@ -108,19 +110,19 @@ class Chain:
 
     @property
     def plain(self) -> bool:
-        """Bytes in the chunk are the values themselves (bytes or vlen-bytes), possibly after
-        a transpose: the only form other formats can take unchanged."""
-        return self.serializer in ("bytes", "vlen-bytes") and (not self.array_codecs or self.order is not None)
+        """Bytes in the chunk are the values themselves (bytes, vlen-bytes, vlen-utf8),
+        possibly after a transpose: the only form other formats can take unchanged."""
+        return self.serializer in ("bytes", *VLEN) and (not self.array_codecs or self.order is not None)
 
     def dtype(self, data_type=None) -> np.dtype:
         """The NumPy dtype of the chunk's values as stored (byte order of the bytes codec)."""
-        if self.serializer == "vlen-bytes":
+        if self.serializer in VLEN:
             return np.dtype(object)
         dt = self._zdtype.to_native_dtype()
         return dt if self.endian == "|" else dt.newbyteorder(self.endian)
 
     def decode(self, raw: bytes, data_type, chunk_shape: tuple[int, ...]) -> np.ndarray:
-        """The chunk as an array in array axis order (object array for vlen-bytes). Raises
+        """The chunk as an array in array axis order (object array for vlen-bytes/-utf8). Raises
         DecodeError for bytes that do not decode or would decode past the chunk's size."""
         from zarr.core.array_spec import ArrayConfig, ArraySpec
         from zarr.core.buffer import default_buffer_prototype

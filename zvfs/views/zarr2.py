@@ -1,10 +1,10 @@
 """The Zarr v2 view of a Zarr v3 hierarchy (sharded or not, ZVF stores included).
 
 An array is expressible when its (innermost) chunk codecs are
-`[transpose fully reversed]? (bytes | vlen-bytes) [gzip | zstd | blosc]?`: then the chunk bytes
+`[transpose fully reversed]? (bytes | vlen-bytes | vlen-utf8) [gzip | zstd | blosc]?`: then the chunk bytes
 pass through unchanged under v2 keys, and `.zarray` says the same thing in v2 terms (dtype
 with the byte order of the `bytes` codec, `order` "F" for a reversing transpose, one
-compressor, the `vlen-bytes` filter for variable-length bytes, the fill value in v2's JSON
+compressor, the `vlen-bytes`/`vlen-utf8` filter for variable-length values, the fill value in v2's JSON
 form for the data type). `.zattrs` carries the attributes plus `_ARRAY_DIMENSIONS` from
 `dimension_names`, with OME-Zarr 0.5 metadata in its OME-NGFF 0.4 form (views/ome.py), so
 that 0.4 tools find the images.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, Chain, config_of, fill_value_json, name_of
+from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, VLEN, Chain, config_of, fill_value_json, name_of
 from ..formats.zarr3 import ArrayNode, GroupNode
 from ..tree import RangeFile
 from .chunks import Layout, MakeFile
@@ -82,16 +82,17 @@ class Zarr2View(HierarchyView):
     def array_files(self, node: ArrayNode) -> dict[str, bytes]:
         chain = self._chain(node)
         meta, ndim = node.meta, len(node.shape)
-        vlen = chain.serializer == "vlen-bytes"
+        vlen = chain.serializer in VLEN
         zarray = {
             "zarr_format": 2,
             "shape": list(node.shape),
             "chunks": list(leaf_chunks(node)),
             "dtype": "|O" if vlen else chain.dtype().str,
             "compressor": v2_compressor(chain.compressors[0]) if chain.compressors else None,
-            "fill_value": None if vlen else fill_value_json(meta["data_type"], meta.get("fill_value"), 2),
+            # vlen-bytes: None, as zarr-python 2 writes it (its JSON form of b"" would read back as "")
+            "fill_value": None if chain.serializer == "vlen-bytes" else fill_value_json(meta["data_type"], meta.get("fill_value"), 2),
             "order": "F" if chain.order is not None and ndim > 1 and chain.order == tuple(reversed(range(ndim))) else "C",
-            "filters": [{"id": "vlen-bytes"}] if vlen else None,
+            "filters": [{"id": chain.serializer}] if vlen else None,
             "dimension_separator": node.encoding.separator,
         }
         attrs = dict(ome04_attributes(meta.get("attributes") or {}))
