@@ -404,6 +404,7 @@ async def test_a_stalled_mount_costs_only_its_own_files(tmp_path):
     (root / "good").write_bytes(b"good bytes")
     for i in range(THREADS_PER_MOUNT + 4):
         (root / f"more{i}").write_bytes(b"more")
+        (root / f"link{i}").symlink_to(f"more{i}")  # opened in a worker thread, not the loop
     with stalled_fs(root / "stalled", 1 << 20):
         store = LocalStore(str(root))
         try:
@@ -419,8 +420,9 @@ async def test_a_stalled_mount_costs_only_its_own_files(tmp_path):
                 with trio.fail_after(10):
                     assert await store.read("good", 0, 4) == b"good"
                     assert (await store.current("good")).size == 10
-                    for i in range(THREADS_PER_MOUNT + 4):  # fresh opens need threads too
+                    for i in range(THREADS_PER_MOUNT + 4):  # fresh opens, on the loop and in threads
                         assert await store.read(f"more{i}") == b"more"
+                        assert await store.read(f"link{i}") == b"more"
                     assert {e.name for e in await store.list("")} >= {"good", "stalled"}
                 (root / "stalled.stall-all").touch()  # now even a stat of its root hangs
                 with trio.fail_after(10):
