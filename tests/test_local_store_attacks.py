@@ -189,6 +189,27 @@ async def test_uncached_and_partly_cached_ranges_read_right(tmp_path):
         await store.aclose()
 
 
+async def test_reads_from_a_memory_filesystem():
+    """tmpfs refuses RWF_NOWAIT: reads of a store in /dev/shm take another way, same bytes."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        assert ["/dev/shm", "tmpfs"] in [[m[4], m[m.index("-") + 1]] for m in mounts]
+        blob = np.random.default_rng(2).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+        Path(d, "shard").write_bytes(blob)
+        store = LocalStore(d)
+        try:
+            data, v = await store.read_version("shard", -1000)
+            assert data == blob[-1000:] and v.tag == stat_tag(Path(d, "shard"))
+            for start, length in [(0, 4096), (70_000, 200_000), (len(blob) - 10, 4096), (5, None)]:
+                want = blob[start:] if length is None else blob[start:start + length]
+                assert await store.read("shard", start, length, expect=v) == want
+            rewrite_in_place(Path(d, "shard"), b"y" * 10)
+            with pytest.raises(ShardChanged):
+                await store.read("shard", 0, 10, expect=v)
+        finally:
+            await store.aclose()
+
+
 # ----------------------------------------------------------------------------------------------
 # special files, symlinks, loops, modes
 
