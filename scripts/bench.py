@@ -8,6 +8,10 @@ baselines, with configurations alternated, and reported as a ratio (the machine 
 - listing: `find` and `ls -lR` over 10^4, 10^5, 10^6 chunk files; mount time at 10^6 chunks.
 - http: the same reads over HTTP (nginx on loopback) with request and byte counts.
 - latency: 10 ms added per request by a proxy: 16 readers against one.
+- ml: an ML-style loader: 1, 4 and 16 worker processes read random chunk files of a large
+  array through the mount over HTTP with 10 ms per request, against tensorstore reading the
+  same random chunks from the sharded store over the same proxy: chunks per second and bytes
+  fetched per chunk (nginx's log), side by side.
 - views: blocks per second through the Zarr v3, Zarr v2 and N5 views (pass-through and
   transcoded N5 blocks).
 - RSS peak of the daemon for each mounted run.
@@ -284,6 +288,73 @@ def bench_latency(work: Path, runs: int, quick: bool) -> list[dict]:
     return rows
 
 
+def _ml_zvfs_worker(mnt: str, files: list[str]) -> int:
+    total = 0
+    for f in files:
+        with open(os.path.join(mnt, f), "rb") as fh:
+            total += len(fh.read())
+    return total
+
+
+def _ml_tensorstore_worker(url: str, chunk: int, coords: list[tuple]) -> int:
+    import tensorstore as ts
+
+    t = ts.open({"driver": "zarr3", "kvstore": {"driver": "http", "base_url": url},
+                 "context": {"cache_pool": {"total_bytes_limit": 64 << 20}}}, read=True).result()
+    total = 0
+    for c in coords:
+        total += t[tuple(slice(i * chunk, (i + 1) * chunk) for i in c)].read().result().nbytes
+    return total
+
+
+def bench_ml(work: Path, runs: int, quick: bool) -> list[dict]:
+    """Random chunk reads by worker processes (a PyTorch-style loader), zvfs vs tensorstore."""
+    import multiprocessing
+    import random
+    from concurrent.futures import ProcessPoolExecutor
+
+    side, shard, chunk = (256, 128, 32) if quick else (512, 256, 32)  # the issue's geometry
+    src = work / f"ml-{side}.zarr"
+    write_sharded(src, (side,) * 3, (chunk,) * 3, (shard,) * 3)
+    grid = side // chunk
+    reads = 256 if quick else 1024
+    rng = random.Random(0)
+    coords = [tuple(rng.randrange(grid) for _ in range(3)) for _ in range(reads)]
+    ng = Nginx(work, work / "nginx-ml").start()
+    proxy = DelayProxy(ng.port, 0.010).start()
+    rows = []
+    try:
+        url = f"{proxy.url}/{src.name}"
+        for workers in (1, 4, 16):
+            parts = [coords[i::workers] for i in range(workers)]
+            for what in ("zvfs", "tensorstore"):
+                t, per_chunk = [], []
+                for _ in range(max(1, runs // 2)):
+                    with (mounted(url) if what == "zvfs" else _nothing()) as (mnt, _, _), \
+                            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                        mark = ng.mark()
+                        start = time.perf_counter()
+                        if what == "zvfs":
+                            jobs = [pool.submit(_ml_zvfs_worker, str(mnt), ["c/" + "/".join(map(str, c)) for c in part])
+                                    for part in parts]
+                        else:
+                            jobs = [pool.submit(_ml_tensorstore_worker, url, chunk, part) for part in parts]
+                        assert sum(j.result() for j in jobs) == reads * chunk ** 3
+                        t.append(time.perf_counter() - start)
+                        per_chunk.append(sum(r.nbytes for r in ng.requests(mark)) / reads)
+                rows.append({"section": "ml", "workers": workers, "reader": what, "chunks_per_s": reads / median(t),
+                             "bytes_per_chunk": median(per_chunk), "chunk_bytes": chunk ** 3})
+    finally:
+        proxy.stop()
+        ng.stop()
+    return rows
+
+
+@contextmanager
+def _nothing():
+    yield None, None, None
+
+
 def write_views_fixture(path: Path, dtype: str, compressor: dict | None, quick: bool) -> None:
     """1024 (quick: 256) chunks of 64x64, written by tensorstore."""
     import tensorstore as ts
@@ -337,6 +408,10 @@ def fmt_latency(r, rows):
     return f"| {r['readahead']} | {r['one']:.2f} | {r['sixteen']:.2f} | {r['one'] / r['sixteen']:.1f} |"
 
 
+def fmt_ml(r, rows):
+    return f"| {r['workers']} | {r['reader']} | {r['chunks_per_s']:.0f} | {r['bytes_per_chunk'] / r['chunk_bytes']:.2f} |"
+
+
 def fmt_views(r, rows):
     base = next(x for x in rows if x["array"] == r["array"] and x["view"] == "zarr")
     return (f"| {r['array']} | {r['view']} ({r['mode']}) | {r['blocks']} | {r['blocks'] / r['seconds']:.0f} | "
@@ -355,6 +430,9 @@ SECTIONS = {
              bench_http, fmt_http),
     "latency": ("10 ms per request (delay proxy), 512 x 64 KiB over HTTP: 1 vs 16 readers, seconds",
                 ["readahead", "1 reader", "16 readers", "speed-up"], bench_latency, fmt_latency),
+    "ml": (("ML-style random chunk reads, 10 ms per request: chunks per second and bytes fetched per chunk "
+            "(as a multiple of the 32 KiB chunk; the first read of each shard also fetches its index)"),
+           ["workers", "reader", "chunks/s", "bytes fetched / chunk"], bench_ml, fmt_ml),
     "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
               ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
 }
