@@ -192,7 +192,7 @@ def served(store, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["http", "s3"])
 def test_one_read_ends_within_retry_deadline_plus_request_timeout(served, local, tmp_path, kind, fault):
     """Every request stalls (10 s), fails with 503 or has its connection reset: a read gives
-    EIO within retry_deadline + request_timeout (+0.5 s for FUSE and the loaded machine); the
+    EIO within retry_deadline + request_timeout (+1 s for FUSE and a loaded 2-core machine); the
     same read is right once the backend recovers. HTTP goes through servers.FaultProxy; S3
     through a TCP-level proxy (FaultProxy drops the signed headers S3 needs)."""
     nginx, s3, s3_url = served
@@ -225,7 +225,7 @@ def test_one_read_ends_within_retry_deadline_plus_request_timeout(served, local,
             elapsed = time.monotonic() - t
             print(f"\n{kind} {fault}: EIO after {elapsed:.2f} s (bound 3 s)")
             assert got == errno.EIO
-            assert elapsed <= 2 + 1 + 0.5, elapsed
+            assert elapsed <= 2 + 1 + 1.0, elapsed
             assert injected() >= 1
             set_fault(False)
             assert (mnt / "a/c/3/4").read_bytes() == (local / "a/c/3/4").read_bytes()

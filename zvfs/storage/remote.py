@@ -121,7 +121,7 @@ def transient(e: BaseException) -> bool:
     status = _status(e)
     if status is not None:
         return status >= 500 or status in (408, 429)
-    if isinstance(e, (TimeoutError, ConnectionError, trio.TooSlowError)):
+    if isinstance(e, (TimeoutError, ConnectionError)):
         return True
     name = type(e).__name__
     return any(word in name for word in ("Timeout", "Connection", "Disconnected", "Payload", "EndpointConnection",
@@ -246,8 +246,11 @@ class FsspecStore(Store):
                 async for tries in stamina.retry_context(on=retry, attempts=None, timeout=self.deadline):
                     with tries:
                         async with self._limiter:
-                            with trio.fail_after(self.request_timeout):
-                                return await attempt()
+                            try:
+                                with trio.fail_after(self.request_timeout):
+                                    return await attempt()
+                            except trio.TooSlowError:
+                                raise TimeoutError(f"no answer within {self.request_timeout:g} s") from None
         except trio.TooSlowError:
             why = f"; last: {_describe(last[-1])}" if last else ""
             raise StorageError(f"{self.display}/{key}: no answer within "
