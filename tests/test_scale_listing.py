@@ -68,8 +68,8 @@ def test_precomputed_over_http_without_index_pages_probes_shards_concurrently(tm
             got = sorted(os.listdir(remote / "s0"))
             took = time.monotonic() - t0
             assert got == want and len(got) == 8 * 8 * 8  # every chunk
-            probes = [r for r in nginx.requests(since) if r.uri.endswith(".shard")]
-            assert len({r.uri for r in probes}) == 32
+            probes = [r for r in nginx.requests(since) if r.path.endswith(".shard")]
+            assert len({r.path for r in probes}) == 32
             sequential = 2 * 32 * 0.05  # shard index + minishard index per shard, one after another
             assert took < sequential / 2, f"listing took {took:.2f} s; sequential probing would take {sequential:.1f} s"
     finally:

@@ -228,6 +228,8 @@ def _fuse_options(source: str, opts: MountOptions) -> set[str]:
     fuse = set(pyfuse3.default_options) | {"ro", "noatime", f"fsname={name}", "subtype=zvfs"}
     if opts.allow_other:
         fuse |= {"allow_other", "default_permissions"}
+    elif opts.allow_root:
+        fuse |= {"allow_root", "default_permissions"}
     return fuse
 
 
@@ -291,7 +293,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
-            ops = ZvfsOperations(opened.tree, opened.control(), opened.root_mode)
+            ops = ZvfsOperations(opened.tree, opened.control(), opened.root_mode, opts.uid, opts.gid, opts.umask)
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)

@@ -272,7 +272,8 @@ class ZvfsOperations(pyfuse3.Operations):
         """The kernel holds the size and pages of an old version of this file: drop them before
         the open returns. (From a worker thread: the notification is a blocking write to
         /dev/fuse, and the event loop must stay free to answer whatever the kernel does
-        meanwhile.)"""
+        meanwhile.) Never awaited inside a read of the same inode: dropping its pages waits for
+        the page lock that read holds (see `_reread`)."""
         self.counters.changed += 1
         try:
             await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, False)
@@ -308,7 +309,8 @@ class ZvfsOperations(pyfuse3.Operations):
                 return await file.read(off, size)
         except Exception as again:  # noqa: BLE001
             raise pyfuse3.FUSEError(self._fail(again)) from None
-        await self._forget_cached(node.ino)
+        # after this read has answered: the invalidation waits for the page lock it holds
+        trio.lowlevel.spawn_system_task(self._forget_cached, node.ino)
         raise pyfuse3.FUSEError(self._fail(e))
 
     async def release(self, fh):

@@ -47,6 +47,11 @@ OWN = {
     "region": ("region", "str", "s3://: the bucket's region"),
     "profile": ("profile", "str", "s3://: the credentials profile to use (~/.aws)"),
     "anon": ("anon", "flag", "s3:// and gs://: anonymous access (public buckets)"),
+    "uid": ("uid", "uid", "owner shown for every file (a user name or number; default: the daemon's user)"),
+    "gid": ("gid", "gid", "group shown for every file (a group name or number; default: the daemon's group)"),
+    "umask": ("umask", "octal", "permission bits to clear from 0555/0444 for every node, whatever the store's own bits "
+                                 "(e.g. umask=022 shares a store closed to others; default: the store's bits, never widened)"),
+    "allow_root": ("allow_root", "flag", "let root (only) see the mount besides its owner (adds default_permissions)"),
     "follow_symlinks": ("follow_symlinks", "flag", "local stores: follow symlinks that lead outside the store (trusted stores only)"),
 }
 
@@ -74,6 +79,10 @@ class MountOptions:
     profile: str | None = None
     anon: bool = False
     follow_symlinks: bool = False
+    uid: int | None = None
+    gid: int | None = None
+    umask: int | None = None
+    allow_root: bool = False
     ignored: list[str] = field(default_factory=list)
 
 
@@ -138,6 +147,12 @@ def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountO
                     parsed = float(value)
                     if not parsed > 0:
                         raise ValueError(value)
+                elif kind in ("uid", "gid"):
+                    parsed = _id_of(kind, value)
+                elif kind == "octal":
+                    parsed = int(value, 8)
+                    if not 0 <= parsed <= 0o777:
+                        raise ValueError(value)
                 else:
                     parsed = value
             except ValueError:
@@ -146,6 +161,19 @@ def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountO
                 raise OptionError(f"bad value for mount option '{name}': {value!r}{choices}") from None
             setattr(opts, attr, parsed)
     return resolve_caches(opts)
+
+
+def _id_of(kind: str, value: str) -> int:
+    """A user or group given by number or by name (as fstab lines usually say it)."""
+    if value.isdigit():
+        return int(value)
+    import grp
+    import pwd
+
+    try:
+        return pwd.getpwnam(value).pw_uid if kind == "uid" else grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ValueError(value) from None
 
 
 def storage_options(protocol: str, opts: MountOptions) -> dict:

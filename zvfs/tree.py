@@ -15,6 +15,7 @@ walk the same tree.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from .errors import CorruptShardError
 from .formats.chunkref import ChunkRef
 from .storage.base import Entry, Store, Version
 from .storage.cache import CoalescingCache
+
+log = logging.getLogger("zvfs.tree")
 
 ROOT_INO = 1
 RECENT = 4096  # computed nodes kept after a lookup or listing
@@ -220,7 +223,9 @@ def _check_length(ref: ChunkRef, data: bytes | None, expected: int | None = None
     expected = ref.length if expected is None else expected
     if data is None or len(data) != expected:
         got = "nothing" if data is None else f"{len(data)} bytes"
-        raise CorruptShardError(ref.key, f"truncated: expected {expected} bytes at offset {ref.offset}, got {got}")
+        err = CorruptShardError(ref.key, f"truncated: expected {expected} bytes at offset {ref.offset}, got {got}")
+        log.warning("%s", err)
+        raise err
 
 
 class PassFile(File):

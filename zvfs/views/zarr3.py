@@ -13,6 +13,7 @@ import json
 import logging
 from typing import Callable
 
+from ..formats.codecs import fill_value_json
 from ..formats.zarr3 import META, ArrayNode, GroupNode, ShardedArray, child_path, parse_array
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
@@ -23,8 +24,15 @@ log = logging.getLogger("zvfs.view.zarr3")
 
 
 def metadata_bytes(meta: dict) -> bytes:
-    """Serialise metadata the way zarr-python writes it (2-space indent)."""
-    return json.dumps(meta, indent=2).encode()
+    """Serialise metadata the way zarr-python writes it (2-space indent), as strict JSON: an
+    array's fill value in the spec's form (a bare NaN token, which zarrita 0.2.7 writes,
+    becomes "NaN")."""
+    if meta.get("node_type") == "array" and "fill_value" in meta:
+        try:
+            meta = {**meta, "fill_value": fill_value_json(meta["data_type"], meta["fill_value"], 3)}
+        except (ValueError, TypeError, KeyError):
+            pass  # a data type zarr does not know: kept as written
+    return json.dumps(meta, indent=2, allow_nan=False).encode()
 
 
 def unsharded_metadata(node: ArrayNode) -> dict:

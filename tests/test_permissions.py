@@ -1,0 +1,97 @@
+"""Ownership and permissions through real mounts, read by a real non-root user (issue 12,
+point 4; issue 10, point 10).
+
+The store is written by zarr-python as root; one shard is then closed to others (0600), the
+other stays 0644. Without options a mount shows the store's own read bits, never wider; an
+administrator shares on purpose with `umask=` or hands the files to a user with `uid=`;
+`allow_root` lets root in but nobody else; without `allow_other` other users see nothing.
+"""
+
+from __future__ import annotations
+
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from conftest import zvfs_mount
+
+pytestmark = pytest.mark.mount
+
+READER = "zvfsreader"
+
+
+@pytest.fixture(scope="module")
+def reader():
+    if subprocess.run(["id", READER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", READER],
+                       check=True, capture_output=True)
+    return pwd.getpwnam(READER).pw_uid
+
+
+@pytest.fixture(scope="module")
+def base():
+    """A directory every user can traverse (pytest's own are 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="zvfs-perm-"))
+    path.chmod(0o755)
+    src = path / "store.zarr"
+    a = zarr.create_array(str(src), shape=(32, 16), shards=(16, 16), chunks=(8, 8), dtype="uint8",
+                          fill_value=0, compressors=None)
+    a[...] = np.arange(32 * 16, dtype=np.uint16).reshape(32, 16).astype(np.uint8)
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    (src / "c/0/0").chmod(0o600)  # closed to others: its chunks c/0/0, c/0/1, c/1/0, c/1/1
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_reader(*cmd) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", READER, "--", *map(str, cmd)], capture_output=True, timeout=60)
+
+
+def _mount(base: Path, name: str, options):
+    mnt = base / name
+    mnt.mkdir(exist_ok=True)
+    mnt.chmod(0o755)
+    return zvfs_mount(base / "store.zarr", mnt, options=options)
+
+
+def test_modes_are_never_wider_than_the_store(base, reader):
+    with _mount(base, "plain", ["allow_other"]) as mnt:
+        closed, open_ = mnt / "c/0/0", mnt / "c/2/0"
+        assert closed.stat().st_mode & 0o777 == 0o400 and open_.stat().st_mode & 0o777 == 0o444
+        assert _as_reader("cat", closed).returncode != 0, "a chunk of a 0600 shard must stay closed to others"
+        r = _as_reader("cat", open_)
+        assert r.returncode == 0 and r.stdout == open_.read_bytes()
+
+
+def test_umask_shares_a_closed_store_on_purpose(base, reader):
+    with _mount(base, "umask", ["allow_other", "umask=022"]) as mnt:
+        closed = mnt / "c/0/0"
+        assert closed.stat().st_mode & 0o777 == 0o444
+        assert (mnt / "c").stat().st_mode & 0o777 == 0o555
+        r = _as_reader("cat", closed)
+        assert r.returncode == 0 and r.stdout == closed.read_bytes()
+
+
+def test_uid_and_gid_hand_the_files_to_a_user(base, reader):
+    with _mount(base, "uid", ["allow_other", f"uid={READER}", "gid=0"]) as mnt:
+        st = (mnt / "c/0/0").stat()
+        assert (st.st_uid, st.st_gid) == (reader, 0)
+        r = _as_reader("cat", mnt / "c/0/0")  # 0400, and the reader owns it now
+        assert r.returncode == 0 and r.stdout == (mnt / "c/0/0").read_bytes()
+        assert _as_reader("touch", mnt / "c/0/0").returncode != 0  # never a write bit
+
+
+def test_allow_root_lets_root_in_and_nobody_else(base, reader):
+    with _mount(base, "root", ["allow_root"]) as mnt:
+        assert sorted(p.name for p in mnt.iterdir()) == ["c", "zarr.json"]
+        r = _as_reader("ls", mnt)
+        assert r.returncode != 0 and b"ermission denied" in r.stderr
+    with _mount(base, "private", []) as mnt:
+        assert _as_reader("ls", mnt).returncode != 0
