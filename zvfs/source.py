@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from .errors import MetadataError
 from .formats import precomputed, zarr3, zvf
-from .options import MountOptions, storage_options
+from .options import MountOptions, resolve_caches, storage_options
 from .fuse_ops import Control
 from .storage import Store, open_store
 from .storage.local import LocalStore
@@ -74,7 +74,7 @@ class OpenSource:
 
 
 async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
-    opts = opts or MountOptions()
+    opts = resolve_caches(opts or MountOptions())
     protocol = source.split("://", 1)[0] if "://" in source else "file"
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,

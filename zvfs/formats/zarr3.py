@@ -38,6 +38,7 @@ MAX_CHUNKS = 2**48  # chunk files one array may have (inode numbers are computed
 EMPTY = np.uint64(2**64 - 1)
 _BAD = np.uint64(2**64 - 2)  # offset marker for an entry that points outside its shard
 _EMPTY_INT, _BAD_INT = int(EMPTY), int(_BAD)
+_NOT_CACHED = object()
 
 
 # --------------------------------------------------------------------------- metadata
@@ -409,18 +410,31 @@ class ShardedArray:
         self.shard_grid = tuple(-(-s // c) for s, c in zip(node.shape, self.plan.shard_shape))
         #: how many innermost chunks one shard spans along each axis
         self.per_shard = tuple(int(s // c) for s, c in zip(self.shard_shape, self.chunk_shape))
+        #: per sharding level, in innermost-chunk units: (inner chunk span per array axis,
+        #: the level's axis order, its inner grid), for `locate`'s integer arithmetic
+        self._steps = [(tuple(i // c for i, c in zip(lv.inner_shape, self.plan.chunk_shape)), lv.perm, lv.grid)
+                       for lv in self.plan.levels]
+        self._keys: dict[tuple[int, ...], str] = {}  # shard coordinates -> store key (bounded)
 
     def shard_key(self, shard: tuple[int, ...]) -> str:
-        return self.node.store_key(self.node.encoding.key(shard))
+        key = self._keys.get(shard)
+        if key is None:
+            if len(self._keys) > 65536:
+                self._keys.clear()
+            key = self._keys[shard] = self.node.store_key(self.node.encoding.key(shard))
+        return key
 
     async def head(self, key: str, fresh: bool = False) -> ShardIndex | None:
         """The top-level index of shard `key` (None if the shard object does not exist).
 
         With `fresh`, a cached index is first checked against the shard's current version and
         read again if the shard changed (opening a chunk file, listing a directory)."""
-        if fresh:
-            await drop_if_changed(self.cache, ("head", key), self.store, key)
-        return await self.cache.get(("head", key), lambda: self._load_head(key))
+        ck = ("head", key)
+        if fresh and await drop_if_changed(self.cache, ck, self.store, key):
+            found = self.cache.hit(ck, _NOT_CACHED)  # (evicted meanwhile: loaded again)
+            if found is not _NOT_CACHED:
+                return found
+        return await self.cache.get(ck, lambda: self._load_head(key))
 
     async def _load_head(self, key: str) -> ShardIndex | None:
         level = self.plan.levels[0]
@@ -474,22 +488,27 @@ class ShardedArray:
         The shard's index is first checked against the shard's current version (one stat
         locally, nothing remotely), so a lookup or open never uses the index of an old shard.
 
-        Plain integer arithmetic: this runs on every lookup and open."""
-        if not self.in_grid(coords):
+        Plain integer arithmetic in chunk units: this runs on every lookup and open (measured
+        14.5 us per call in element units with lists per level, against the ~90 us pyfuse3
+        spends per open)."""
+        if len(coords) != self.ndim:
             return None
-        origin = [c * s for c, s in zip(coords, self.plan.chunk_shape)]
-        shard = tuple(o // s for o, s in zip(origin, self.plan.shard_shape))
-        key = self.shard_key(shard)
-        base = [c * s for c, s in zip(shard, self.plan.shard_shape)]
+        shard, rel = [], []
+        for c, p, g in zip(coords, self.per_shard, self.grid):
+            if not 0 <= c < g:
+                return None
+            q, r = divmod(c, p)
+            shard.append(q)
+            rel.append(r)
+        key = self.shard_key(tuple(shard))
         head = await self.head(key, fresh=True)
         if head is None:
             return None
         start, length, idx = 0, None, head
-        for depth, level in enumerate(self.plan.levels):
-            local = [(o - b) // i for o, b, i in zip(origin, base, level.inner_shape)]
+        for depth, (span, perm, grid) in enumerate(self._steps):
             lin = 0
-            for axis, g in zip(level.perm, level.grid):
-                lin = lin * g + local[axis]
+            for axis, g in zip(perm, grid):
+                lin = lin * g + rel[axis] // span[axis]
             if depth:
                 idx = await self.index(key, start, length, depth, head)
             off, nb = idx.entries[lin].tolist()
@@ -498,7 +517,7 @@ class ShardedArray:
             if off == _BAD_INT:
                 raise CorruptShardError(key, f"index entry {lin} points outside the shard")
             start, length = start + off, nb
-            base = [b + l * i for b, l, i in zip(base, local, level.inner_shape)]
+            rel = [r % q for r, q in zip(rel, span)]
         return ChunkRef(key, start, length, version=head.version)
 
     async def chunks_in_shard(self, shard: tuple[int, ...], fresh: bool = False) -> ChunkTable:

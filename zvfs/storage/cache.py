@@ -101,6 +101,15 @@ class CoalescingCache:
         value = hit[0]
         return True, value.error if isinstance(value, _Failed) else value
 
+    def hit(self, key: Hashable, missing: Any = None) -> Any:
+        """The cached value of `key` (counted as a hit), or `missing` if it is not cached."""
+        found = self._entries.get(key)
+        if found is None:
+            return missing
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return _unwrap(found[0])
+
     def drop(self, key: Hashable) -> None:
         """Forget one entry (its source changed)."""
         hit = self._entries.pop(key, None)
@@ -137,14 +146,14 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-async def drop_if_changed(cache: CoalescingCache, key: Hashable, store: Store, name: str) -> None:
+async def drop_if_changed(cache: CoalescingCache, key: Hashable, store: Store, name: str) -> bool:
     """Drop the cached index `key` of store key `name` if the object changed since the index
     was read: its current version differs from the one the index (or the failure, or the
     absence) was recorded with. Locally this costs one stat; remotely nothing (the store
-    compares with what its responses said)."""
+    compares with what its responses said). True when the cached entry is still good."""
     found, cached = cache.peek(key)
     if not found:
-        return
+        return False
     now = await store.current(name)
     then = getattr(cached, "version", None)
     if cached is None:  # recorded as absent
@@ -154,3 +163,4 @@ async def drop_if_changed(cache: CoalescingCache, key: Hashable, store: Store, n
     if stale:
         log.info("%s changed since its index was read: reading it again", name)
         cache.drop(key)
+    return not stale
