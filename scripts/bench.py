@@ -228,6 +228,38 @@ def bench_listing(work: Path, runs: int, quick: bool) -> list[dict]:
     return rows
 
 
+def bench_dirlisting(work: Path, runs: int, quick: bool) -> list[dict]:
+    """One directory of N chunk files (a 1-D array), `os.listdir` on a fresh mount, against the
+    pyfuse3 floor listing the same names: the cost per entry must not grow with N."""
+    rows = []
+    for n in ([10**4, 10**5] if quick else [10**4, 10**5, 10**6]):
+        src = work / f"flat-{n}.zarr"
+        log(f"dirlisting: {n} chunks in one directory")
+        write_sharded(src, (n,), (1,), (min(n, 10000),))
+        table, backing = work / f"flat-{n}.tsv", work / f"flat-{n}.bin"
+        if not table.exists():
+            backing.write_bytes(b"x")
+            table.write_text("".join(f"c/{i}\t0\t1\n" for i in range(n)))
+        t = {"zvfs": [], "floor": []}
+        for _ in range(max(1, runs // 2 if n == 10**6 else runs)):
+            with mounted(src) as (mnt, _, _):
+                start = time.perf_counter()
+                assert len(os.listdir(f"{mnt}/c")) == n
+                t["zvfs"].append(time.perf_counter() - start)
+            with floor_mounted(backing, table) as (mnt, _, _):
+                start = time.perf_counter()
+                assert len(os.listdir(f"{mnt}/c")) == n
+                t["floor"].append(time.perf_counter() - start)
+        rows.append({"section": "dirlisting", "files": n, **{k: median(v) for k, v in t.items()}})
+    return rows
+
+
+def fmt_dirlisting(r, rows):
+    first = rows[0]["zvfs"] / rows[0]["files"]
+    per, floor = r["zvfs"] / r["files"] * 1e6, r["floor"] / r["files"] * 1e6
+    return f"| {r['files']} | {per:.1f} | {floor:.1f} | {per / floor:.2f} | {per / (first * 1e6):.2f} |"
+
+
 def bench_http(work: Path, runs: int, quick: bool) -> list[dict]:
     src = work / ("local-64KiB.zarr")
     count = 256 if quick else 4096
@@ -425,6 +457,8 @@ SECTIONS = {
                "tensorstore (sharded)", "cat shards", "zvfs RSS MiB"], bench_local, lambda r, rows: fmt_local(r)),
     "listing": ("Listing, seconds (fresh mount each)", ["chunk files", "mount", "find", "ls -lR", "RSS MiB"],
                 bench_listing, fmt_listing),
+    "dirlisting": ("One directory of N chunk files, os.listdir on a fresh mount: µs per entry",
+                   ["entries", "zvfs", "pyfuse3 floor", "zvfs/floor", "vs 10^4 entries"], bench_dirlisting, fmt_dirlisting),
     "http": ("Over HTTP (nginx on loopback), 64 KiB chunks: seconds, requests (nginx log), bytes / chunk bytes",
              ["readers", "readahead", "zvfs over HTTP", "ext4 dir", "requests", "chunks per request", "bytes ratio", "RSS MiB"],
              bench_http, fmt_http),
@@ -442,7 +476,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--runs", type=int, default=5, help="repetitions per figure (median)")
-    ap.add_argument("--only", default="local,listing,http,latency,views")
+    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
