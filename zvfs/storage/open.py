@@ -17,7 +17,10 @@ def redact(source: str) -> str:
     its user:password and its query string (signed URLs carry credentials there)."""
     if "://" not in source:
         return source
-    parts = urlsplit(source)
+    try:
+        parts = urlsplit(source)
+    except ValueError:  # unparseable (http://[::1): show the scheme only, never the rest
+        return source.split("://", 1)[0] + "://..."
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
