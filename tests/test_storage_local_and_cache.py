@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
+from zvfs.storage.base import Version
+
 from zvfs.errors import CorruptShardError, StorageError
 from zvfs.storage.cache import CoalescingCache
 from zvfs.storage.local import LocalStore
@@ -134,11 +136,15 @@ def test_coalescing_store_returns_the_bytes_of_the_inner_store(reads, window, ca
     class Inner:
         display = "inner"
 
-        async def read(self, key, start=0, length=None, extent=None):
+        async def read(self, key, start=0, length=None, extent=None, expect=None):
             data = files.get(key)
             if data is None:
                 return None
             return data[start:] if length is None else data[start:start + length]
+
+        async def read_version(self, key, start=0, length=None):
+            data = await self.read(key, start, length)
+            return data, None if data is None else Version(len(files[key]), ("unchanged",))
 
     async def run():
         store = CoalescingStore(Inner(), window=window, cache_bytes=cache)

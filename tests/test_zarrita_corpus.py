@@ -66,8 +66,15 @@ def test_corpus_array_files_match_reference(corpus, array):
 def test_corpus_array_reads_like_original(corpus, array, reader):
     mnt, _ = corpus
     want = _read_or_none(reader, ZARRITA / array)
-    if want is None:  # this reader refuses the original: it must refuse the mount too
-        assert _read_or_none(reader, mnt / array) is None, f"{reader} reads {array} through the mount but not the original"
+    if want is None:
+        # this reader refuses the original; the mount may only be readable where zvfs wrote
+        # the metadata the way the spec wants it (a fill value the original wrote in another
+        # form, e.g. 0 for bool), and then it must read what the other readers read
+        got = _read_or_none(reader, mnt / array)
+        if got is not None:
+            others = [w for w in (_read_or_none(r, ZARRITA / array) for r in READERS if r != reader) if w is not None]
+            assert others, f"{reader} reads {array} through the mount, and no reader reads the original"
+            assert_same_array(got, others[0], f"{reader}: {array} (fill value normalised)")
         return
     assert_same_array(READ[reader](mnt / array), want, f"{reader}: {array}")
 

@@ -507,14 +507,28 @@ def generic_version(info: dict) -> Version:
 
 async def _on_loop(loop, coro: Callable[[], object]):
     """Await a coroutine on another thread's asyncio loop from trio, without a worker thread:
-    the future's done-callback wakes this task. Cancelling the trio task cancels the coroutine."""
-    future = asyncio.run_coroutine_threadsafe(coro(), loop)
+    the future's done-callback wakes this task. Cancelling the trio task cancels the coroutine;
+    whatever an abandoned coroutine ends with is dropped there (asyncio would otherwise log
+    "Task exception was never retrieved" with a traceback for every attempt cut off by the
+    deadline while the backend's own timeout fired)."""
+    abandoned = False
+
+    async def run():
+        try:
+            return await coro()
+        except BaseException:
+            if abandoned:
+                return None
+            raise
+
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
     future.add_done_callback(lambda _: token.run_sync_soon(done.set))
     try:
         await done.wait()
     except trio.Cancelled:
+        abandoned = True
         future.cancel()
         raise
     return future.result()
