@@ -131,6 +131,15 @@ class ShardingSpec:
         digits = max(1, math.ceil(self.shard_bits / 4))
         return f"{shard:0{digits}x}"
 
+    def shard_of(self, name: str, suffixes: tuple[str, ...] = ("shard", "index", "data")) -> int | None:
+        """The shard number a file name stands for (`<hex>.shard`, or the obsolete `.index` and
+        `.data`), as the sharded readers name them; None for any other name."""
+        stem, _, suffix = name.rpartition(".")
+        if suffix not in suffixes or not stem or stem.strip("0123456789abcdef"):
+            return None
+        shard = int(stem, 16)
+        return shard if shard < (1 << self.shard_bits) and self.shard_name(shard) == stem else None
+
 
 # --------------------------------------------------------------------------- the key-value view
 
@@ -277,15 +286,8 @@ class ShardedKV:
                 return []
             found = await gather(lambda s=s: self._shard_or_none(s) for s in range(count))
             return [s for s, si in enumerate(found) if si is not None]
-        names = {e.name for e in entries}
-        out = []
-        digits = max(1, math.ceil(self.spec.shard_bits / 4))
-        pattern = re.compile(rf"([0-9a-f]{{{digits}}})\.(shard|index)")
-        for name in names:
-            m = pattern.fullmatch(name)
-            if m and int(m.group(1), 16) < (1 << self.spec.shard_bits):
-                out.append(int(m.group(1), 16))
-        return sorted(set(out))
+        found = {self.spec.shard_of(e.name, ("shard", "index")) for e in entries}
+        return sorted(found - {None})  # type: ignore[operator]
 
     async def _shard_or_none(self, shard: int):
         try:

@@ -116,7 +116,6 @@ class ShardedDirNode(Dir):
 
     __slots__ = ("view", "sd", "kv", "stored", "_listing")
 
-    SHARD_SUFFIXES = ("shard", "index", "data")
 
     def __init__(self, ino: int, view: PrecomputedView, sd: ShardedDir, kv: ShardedKV):
         super().__init__(ino)
@@ -138,11 +137,7 @@ class ShardedDirNode(Dir):
     def is_shard_file(self, name: str) -> bool:
         """`name` is one of this directory's shard files: the spec's digit count, lower-case
         hex, a shard number that exists under `shard_bits`, as the sharded readers name them."""
-        stem, _, suffix = name.rpartition(".")
-        if suffix not in self.SHARD_SUFFIXES or not stem or stem.strip("0123456789abcdef"):
-            return False
-        shard = int(stem, 16)
-        return shard < (1 << self.sd.spec.shard_bits) and self.sd.spec.shard_name(shard) == stem
+        return self.sd.spec.shard_of(name) is not None
 
     def passes_through(self, name: str) -> bool:
         """A stored entry called `name` is shown as stored (see the module docstring)."""
