@@ -275,7 +275,7 @@ class LocalStore(Store):
         self._limiters: dict[str, trio.CapacityLimiter] = {}
         self._warned: set[str] = set()
         self._cached_opens = True  # openat2(RESOLVE_CACHED) works on this kernel
-        self._scratch = memoryview(bytearray(1 << 17))  # RWF_NOWAIT target of reads up to 128 KiB
+        self._scratch = memoryview(bytearray(1 << 20))  # RWF_NOWAIT target of reads up to 1 MiB
 
     # -- paths, limits, descriptors ------------------------------------------------------
 
@@ -444,18 +444,25 @@ class LocalStore(Store):
         file); None when the data needs a disk read or RWF_NOWAIT is not supported."""
         if o.memory:
             return os.pread(o.fd, n, off)
-        # FUSE reads are at most 128 KiB: the scratch buffer serves them all; a larger read (a
-        # whole index or metadata file) gets a buffer of its own, so the scratch stays small
+        # FUSE reads are at most 1 MiB (the kernel sends 256 KiB pieces with the mount's larger
+        # read-ahead): the scratch buffer serves them all, so each read allocates once (the
+        # bytes returned), as a plain pread does; a 256 KiB read through a buffer of its own
+        # allocated twice and cost 140 us instead of 36. Larger reads (a whole index) get one.
         buf = self._scratch if n <= len(self._scratch) else memoryview(bytearray(n))
-        try:
-            got = os.preadv(o.fd, (buf[:n],), off, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return None
-        except OSError as e:
-            if e.errno != errno.EOPNOTSUPP:
-                raise
-            o.nowait = False
-            return None
+        got = 0
+        while got < n:  # RWF_NOWAIT reads stop short at read-ahead boundaries: go on while it gives
+            try:
+                part = os.preadv(o.fd, (buf[got:n],), off + got, os.RWF_NOWAIT)
+            except BlockingIOError:
+                return None
+            except OSError as e:
+                if e.errno != errno.EOPNOTSUPP:
+                    raise
+                o.nowait = False
+                return None
+            if part == 0:  # the end of the file
+                break
+            got += part
         return buf[:got].tobytes()
 
     async def _read(self, key: str, start: int, length: int | None, stable: bool,
