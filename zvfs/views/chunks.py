@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -85,6 +86,10 @@ class Layout:
         return coords if len(coords) == ndim and None not in coords else None  # type: ignore[return-value]
 
 
+#: how long (seconds) and how many chunk tables of recent listings answer opens by number
+LISTED_FRESH, LISTINGS_KEPT = 5.0, 16
+
+
 class ChunkSpace(InodeRange):
     """`plain`: the view's chunk files are the chunks' bytes as stored (their size is the
     index entry's length), so listings are computed from the chunk tables without a node per
@@ -102,6 +107,11 @@ class ChunkSpace(InodeRange):
         self.depth_start = list(itertools.accumulate([0, *sizes[:-1]]))
         self.count = sum(sizes)
         self.start = tree.reserve(self)
+        #: the chunk tables of the last few listings, by inode number (time, sorted inode
+        #: numbers, their rows, the table): the kernel opens listed files by number right
+        #: after (`find | xargs cat`, `cp -r`), and a ref the listing just checked against its
+        #: shard needs no second locate. Reads still expect the ref's version.
+        self._listed: list[tuple[float, int, int, np.ndarray, np.ndarray, ChunkTable]] = []
 
     # -- numbering (path order)
 
@@ -129,7 +139,11 @@ class ChunkSpace(InodeRange):
             path.append(c)
         path = tuple(reversed(path))
         if d == self.ndim:
-            return await self.file(self.to_array(path))
+            coords = self.to_array(path)
+            listed = self._from_listing(self.start + offset)
+            if listed is not None:
+                return self._made(self.make_file(self.start + offset, listed, coords), coords)
+            return await self.file(coords)
         if self.layout.nested and (d > 0 or self.layout.top):
             return ChunkDir(self.ino_of(path), self, path)
         return None
@@ -213,12 +227,31 @@ class ChunkSpace(InodeRange):
         lin = np.ravel_multi_index(tuple(pcoords.T), self.pgrid) if self.ndim else np.zeros(len(idx), np.int64)
         m = len(idx)
         v = table.version
+        inos = lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])
+        order = np.argsort(inos)
+        if m:
+            sorted_inos = inos[order]
+            entry = (time.monotonic(), int(sorted_inos[0]), int(sorted_inos[-1]), sorted_inos, idx[order], table)
+            self._listed = [*self._listed[-(LISTINGS_KEPT - 1):], entry]
         rows.names += names(pcoords)
-        rows.inos += (lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])).tolist()
+        rows.inos += inos.tolist()
         rows.is_dir += [False] * m
         rows.sizes += table.lengths[idx].tolist()
         rows.modes += [None if v is None else v.mode] * m
         rows.mtimes += [None if v is None else v.mtime] * m
+
+    def _from_listing(self, ino: int) -> "ChunkRef | None":
+        """The ref of chunk file `ino` if a listing of the last LISTED_FRESH seconds holds it."""
+        now = time.monotonic()
+        for when, lo, hi, inos, idx, table in reversed(self._listed):
+            if now - when > LISTED_FRESH:
+                break
+            if not lo <= ino <= hi:
+                continue
+            i = int(np.searchsorted(inos, ino))
+            if i < len(inos) and int(inos[i]) == ino:
+                return table.ref(int(idx[i]))
+        return None
 
     async def top_rows(self) -> Rows:
         """The chunk part of the array directory's listing, for the kernel."""
