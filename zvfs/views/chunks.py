@@ -86,8 +86,9 @@ class Layout:
         return coords if len(coords) == ndim and None not in coords else None  # type: ignore[return-value]
 
 
-#: how long (seconds) and how many chunk tables of recent listings answer opens by number
-LISTED_FRESH, LISTINGS_KEPT = 5.0, 16
+#: how long (seconds) recent listings answer opens by number, and how many of their rows are
+#: kept (16 bytes each: `find` lists every directory before `cat` opens the first files)
+LISTED_FRESH, LISTED_ROWS = 5.0, 1 << 18
 
 
 class ChunkSpace(InodeRange):
@@ -232,7 +233,13 @@ class ChunkSpace(InodeRange):
         if m:
             sorted_inos = inos[order]
             entry = (time.monotonic(), int(sorted_inos[0]), int(sorted_inos[-1]), sorted_inos, idx[order], table)
-            self._listed = [*self._listed[-(LISTINGS_KEPT - 1):], entry]
+            kept, rows_kept = [entry], m
+            for old in reversed(self._listed):
+                rows_kept += len(old[3])
+                if rows_kept > LISTED_ROWS:
+                    break
+                kept.append(old)
+            self._listed = kept[::-1]
         rows.names += names(pcoords)
         rows.inos += inos.tolist()
         rows.is_dir += [False] * m
