@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from servers import _wait_port, free_port
+from servers import _wait_port, free_port, serve_in_thread, stop_server
 
 
 @dataclass
@@ -150,16 +150,11 @@ class MisbehavingHTTP:
                     return
                 self._send(206, headers, body)
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        _wait_port(self.port)
+        self._server = serve_in_thread(self.port, Handler)
         return self
 
     def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+        stop_server(self._server)
 
 
 def _parse_range(value: str, size: int) -> tuple[int, int]:

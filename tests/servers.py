@@ -7,6 +7,7 @@ mode), and a TCP proxy that adds latency to every request (this kernel has no sc
 from __future__ import annotations
 
 import asyncio
+import http.server
 import os
 import shutil
 import socket
@@ -33,6 +34,21 @@ def _wait_port(port: int, timeout: float = 20) -> None:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def serve_in_thread(port: int, handler) -> "http.server.ThreadingHTTPServer":
+    """A threaded http.server on loopback `port`, serving in a daemon thread, once it listens."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _wait_port(port)
+    return server
+
+
+def stop_server(server) -> None:
+    if server:
+        server.shutdown()
+        server.server_close()
 
 
 @dataclass
@@ -308,13 +324,8 @@ class FaultProxy:
                         self.send_header(k, v)
                 self.end_headers()
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        _wait_port(self.port)
+        self._server = serve_in_thread(self.port, Handler)
         return self
 
     def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+        stop_server(self._server)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import ZVFS, force_unmount, is_mounted, run_zvfs, zvfs_mount
+from test_cli import _one_line
 
 import zvfs
 
@@ -30,13 +31,6 @@ REPO = Path(__file__).resolve().parents[1]
 MOUNT_ZVFS = Path(sys.executable).parent / "mount.zvfs"
 COMMANDS = ["mount", "umount", "ls", "cat", "inspect", "stats", "refresh", "doctor"]
 
-
-def _one_line(stderr: bytes) -> str:
-    text = stderr.decode(errors="replace").strip()
-    assert text, "expected a message on stderr"
-    assert "Traceback" not in text, f"traceback on stderr:\n{text}"
-    assert "\n" not in text, f"expected one line on stderr, got:\n{text}"
-    return text
 
 
 def _same_as_sample(mnt: Path) -> None:
