@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -22,7 +21,7 @@ import numpy as np
 
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, ChunkTable, parse_coord
-from ..tree import Dir, File, InodeRange, Node, Rows, Tree, grid_block_sizes
+from ..tree import Dir, File, InodeRange, ListedRefs, Node, Rows, Tree, grid_block_sizes
 
 
 class ChunkSource(Protocol):
@@ -108,11 +107,7 @@ class ChunkSpace(InodeRange):
         self.depth_start = list(itertools.accumulate([0, *sizes[:-1]]))
         self.count = sum(sizes)
         self.start = tree.reserve(self)
-        #: the chunk tables of the last few listings, by inode number (time, sorted inode
-        #: numbers, their rows, the table): the kernel opens listed files by number right
-        #: after (`find | xargs cat`, `cp -r`), and a ref the listing just checked against its
-        #: shard needs no second locate. Reads still expect the ref's version.
-        self._listed: list[tuple[float, int, int, np.ndarray, np.ndarray, ChunkTable]] = []
+        self.listed = ListedRefs(LISTED_FRESH, LISTED_ROWS)  # refs of recent listings by inode number
 
     # -- numbering (path order)
 
@@ -141,7 +136,7 @@ class ChunkSpace(InodeRange):
         path = tuple(reversed(path))
         if d == self.ndim:
             coords = self.to_array(path)
-            listed = self._from_listing(self.start + offset)
+            listed = self.listed.get(self.start + offset)
             if listed is not None:
                 return self._made(self.make_file(self.start + offset, listed, coords), coords)
             return await self.file(coords)
@@ -230,35 +225,14 @@ class ChunkSpace(InodeRange):
         v = table.version
         inos = lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])
         order = np.argsort(inos)
-        if m:
-            sorted_inos = inos[order]
-            entry = (time.monotonic(), int(sorted_inos[0]), int(sorted_inos[-1]), sorted_inos, idx[order], table)
-            kept, rows_kept = [entry], m
-            for old in reversed(self._listed):
-                rows_kept += len(old[3])
-                if rows_kept > LISTED_ROWS:
-                    break
-                kept.append(old)
-            self._listed = kept[::-1]
+        sorted_idx = idx[order]
+        self.listed.add(inos[order], lambda i: table.ref(int(sorted_idx[i])))
         rows.names += names(pcoords)
         rows.inos += inos.tolist()
         rows.is_dir += [False] * m
         rows.sizes += table.lengths[idx].tolist()
         rows.modes += [None if v is None else v.mode] * m
         rows.mtimes += [None if v is None else v.mtime] * m
-
-    def _from_listing(self, ino: int) -> "ChunkRef | None":
-        """The ref of chunk file `ino` if a listing of the last LISTED_FRESH seconds holds it."""
-        now = time.monotonic()
-        for when, lo, hi, inos, idx, table in reversed(self._listed):
-            if now - when > LISTED_FRESH:
-                break
-            if not lo <= ino <= hi:
-                continue
-            i = int(np.searchsorted(inos, ino))
-            if i < len(inos) and int(inos[i]) == ino:
-                return table.ref(int(idx[i]))
-        return None
 
     async def top_rows(self) -> Rows:
         """The chunk part of the array directory's listing, for the kernel."""
