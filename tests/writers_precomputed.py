@@ -314,3 +314,74 @@ def cv_open(path: Path, **kw):
     from cloudvolume import CloudVolume
 
     return CloudVolume("file://" + str(path), progress=False, fill_missing=True, cache=False, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# tensorstore volumes for the array views (--view zarr / zarr2 / n5)
+
+
+def array_datasets() -> list[TsDataset]:
+    """Volumes for the array views, every combination issue 14 names: raw and
+    compressed_segmentation; uint8, uint32, uint64 (and a 2-channel uint16); unsharded, sharded
+    with identity and murmurhash3 hashes, gzip and raw minishard-index and data encodings;
+    several scales; sizes that are not multiples of the chunk size; chunks never written."""
+    u8 = TsDataset("pa_u8", "image", "uint8", [
+        TsScale("4_4_40", (37, 29, 11), (-50, -5, 0), (8, 8, 4), (4, 4, 40), None, zero_cells=((0, 0, 0), (4, 3, 2))),
+        TsScale("8_8_40", (19, 15, 11), (-25, -3, 0), (8, 8, 4), (8, 8, 40),
+                sharding("identity", preshift=1, minishard=2, shard=1, index="gzip", data="raw"), zero_cells=((1, 1, 1),)),
+        TsScale("16_16_40", (10, 8, 6), (-13, -2, 0), (4, 4, 4), (16, 16, 40),
+                sharding("murmurhash3_x86_128", preshift=0, minishard=1, shard=2, index="raw", data="gzip"),
+                zero_cells=((0, 1, 0),)),
+    ])
+    u32 = TsDataset("pa_u32", "segmentation", "uint32", [
+        TsScale("6_6_30", (33, 20, 9), (7, -3, -2), (8, 8, 4), (6, 6, 30),
+                sharding("murmurhash3_x86_128", preshift=2, minishard=3, shard=1, index="gzip", data="raw"),
+                encoding="compressed_segmentation", block_size=(4, 4, 2), zero_cells=((2, 1, 1),)),
+        TsScale("12_12_30", (17, 10, 5), (3, -2, -1), (8, 8, 4), (12, 12, 30), None,
+                encoding="compressed_segmentation", block_size=(3, 4, 2), zero_cells=((0, 1, 0),)),
+        TsScale("24_24_30", (9, 5, 3), (1, -1, -1), (4, 4, 2), (24, 24, 30),
+                sharding("identity", preshift=0, minishard=1, shard=1, index="raw", data="gzip"), zero_cells=((1, 0, 0),)),
+    ])
+    u64 = TsDataset("pa_u64", "segmentation", "uint64", [
+        TsScale("8_8_8", (30, 21, 13), (0, 0, 0), (8, 8, 8), (8, 8, 8),
+                sharding("identity", preshift=0, minishard=2, shard=2, index="raw", data="gzip"),
+                encoding="compressed_segmentation", block_size=(8, 8, 8), zero_cells=((3, 2, 1),)),
+        TsScale("16_16_16", (15, 11, 7), (0, 0, 0), (8, 8, 4), (16, 16, 16),
+                sharding("murmurhash3_x86_128", preshift=1, minishard=1, shard=1, index="gzip", data="gzip"),
+                zero_cells=((0, 0, 1),)),
+        TsScale("32_32_32", (8, 6, 4), (0, 0, 0), (4, 4, 4), (32, 32, 32), None, zero_cells=((1, 1, 0),)),
+    ])
+    u16 = TsDataset("pa_u16x2", "image", "uint16", [
+        TsScale("2_2_2", (21, 9, 10), (5, 6, 7), (8, 4, 4), (2, 2, 2),
+                sharding("identity", preshift=0, minishard=1, shard=1, index="raw", data="raw"), zero_cells=((2, 2, 2),)),
+        TsScale("4_4_4", (11, 5, 5), (2, 3, 3), (4, 4, 4), (4, 4, 4), None),
+    ], num_channels=2)
+    seg2 = TsDataset("pa_seg2", "segmentation", "uint64", [
+        TsScale("1_1_1", (19, 10, 6), (0, 0, 0), (8, 8, 4), (1, 1, 1),
+                sharding("murmurhash3_x86_128", preshift=0, minishard=1, shard=1, index="gzip", data="raw"),
+                encoding="compressed_segmentation", block_size=(8, 4, 4), zero_cells=((1, 0, 0),)),
+    ], num_channels=2)
+    rng = np.random.default_rng(2026)
+    for ds in (u8, u32, u64, u16, seg2):
+        for s in ds.scales:
+            ds.data.append(_fill(rng, ds, s))
+    return [u8, u32, u64, u16, seg2]
+
+
+def _fill(rng, ds: TsDataset, s: TsScale) -> np.ndarray:
+    shape = (*s.size, ds.num_channels)
+    dtype = np.dtype(ds.dtype)
+    if ds.type == "image":
+        a = rng.integers(1, np.iinfo(dtype).max, shape, dtype=dtype, endpoint=True)
+    else:  # blocky labels, some above 2**32 for uint64, so compressed_segmentation has tables
+        small = rng.integers(1, 7, tuple(-(-n // 3) for n in s.size) + (ds.num_channels,)).astype(dtype)
+        a = np.repeat(np.repeat(np.repeat(small, 3, 0), 3, 1), 3, 2)[: s.size[0], : s.size[1], : s.size[2]]
+        a = a * dtype.type(1000003 if dtype.itemsize == 4 else 2**40 + 3)
+        noisy = rng.random(shape) < 0.05  # a few scattered labels
+        a[noisy] = rng.integers(1, 2**31, int(noisy.sum())).astype(dtype)
+        # one chunk of all-distinct labels: blocks with 8- and 16-bit encoded values
+        first = tuple(slice(0, k) for k in s.chunk_size)
+        a[first] = rng.permutation(a[first].size).reshape(a[first].shape).astype(dtype) + 1
+    for cell in s.zero_cells:
+        a[tuple(slice(c * k, (c + 1) * k) for c, k in zip(cell, s.chunk_size))] = 0
+    return np.ascontiguousarray(a)

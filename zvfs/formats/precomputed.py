@@ -284,31 +284,42 @@ class ShardedKV:
                 log.warning("%s: cannot list the directory and %d shard names are too many to probe: the listing is empty",
                             self.prefix or "/", count)
                 return []
-            found = await gather(lambda s=s: self._shard_or_none(s) for s in range(count))
+            found = await gather(lambda s=s: self.current_index(s) for s in range(count))
             return [s for s, si in enumerate(found) if si is not None]
         found = {self.spec.shard_of(e.name, ("shard", "index")) for e in entries}
         return sorted(found - {None})  # type: ignore[operator]
 
-    async def _shard_or_none(self, shard: int):
+    async def current_index(self, shard: int) -> "_ShardIndex | None":
+        """The shard's index, checked against its current version; None for a missing or
+        corrupt shard."""
         try:
             return await self._shard_index(shard, fresh=True)
         except CorruptShardError:
             return None
 
-    async def ids_in_shard(self, shard: int) -> np.ndarray:
-        """Every chunk id stored in one shard (a corrupt shard or minishard contributes none)."""
-        si = await self._shard_or_none(shard)
+    async def shard_entries(self, shard: int) -> "tuple[_ShardIndex, Minishard] | None":
+        """Every chunk stored in one shard (ids, absolute starts, sizes, in minishard order) and
+        the shard's index (its data key and version), checked against the shard's current
+        version; None for a missing or corrupt shard (a corrupt minishard contributes none)."""
+        si = await self.current_index(shard)
         if si is None:
-            return np.zeros(0, dtype=np.uint64)
-        out = []
+            return None
+        parts = []
         for minishard in np.flatnonzero(si.index[:, 0] != si.index[:, 1]):
             try:
                 found = await self._minishard(shard, int(minishard))
             except CorruptShardError:
                 continue
             if found:
-                out.append(found[1].ids)
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+                parts.append(found[1])
+        if not parts:
+            return si, _EMPTY_MINISHARD
+        return si, Minishard(*(np.concatenate([getattr(m, f) for m in parts]) for f in ("ids", "starts", "sizes")))
+
+    async def ids_in_shard(self, shard: int) -> np.ndarray:
+        """Every chunk id stored in one shard (a corrupt shard or minishard contributes none)."""
+        found = await self.shard_entries(shard)
+        return found[1].ids if found is not None else np.zeros(0, dtype=np.uint64)
 
     async def all_ids(self) -> np.ndarray:
         ids = await gather(lambda s=s: self.ids_in_shard(s) for s in await self.shards())
