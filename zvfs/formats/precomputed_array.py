@@ -15,8 +15,9 @@ past the chunk's size, a result of the wrong size, or a compressed_segmentation 
 offsets point outside it, is a CorruptShardError (EIO for that chunk file). The
 compressed_segmentation decoder trusts every offset in its input (a lying header crashes the
 process, measured), so each chunk's channel offsets, block headers, encoded values and the
-table entries those values select are checked against its length first (numpy, in batches
-of blocks, about as costly as the decode itself).
+table entries those values select are checked against its length first (numpy; values are
+unpacked only for blocks whose table could run past the end; measured 0.3-1.2 ms against
+0.6-10 ms of decoding for uint64 chunks of 64**3 to 256x256x32).
 
 Sharded scales are read through `ShardedKV` (chunk id = compressed Morton code of the grid
 cell); unsharded scales are files `<x0>-<x1>_<y0>-<y1>_<z0>-<z1>` in the scale directory.
@@ -350,9 +351,11 @@ def check_compressed_segmentation(data: bytes, extent: tuple[int, int, int], cha
             bad(f"encoded bits {sorted(set(bits.tolist()) - set(CSEG_BITS))} (supported: {list(CSEG_BITS)})")
         if np.any((bits > 0) & (values + (per_block * bits + 31) // 32 > n)):
             bad("encoded values run past the end")
-        top = np.zeros(nblocks, np.int64)  # the largest table index a block reads
+        top = (1 << bits) - 1  # the largest table index a block can read ...
+        suspect = table + (top + 1) * entry > n
+        top[suspect] = 0  # ... or, where that runs past the end, the largest it does read
         for nb in CSEG_BITS[1:]:
-            sel = np.flatnonzero(bits == nb)
+            sel = np.flatnonzero(suspect & (bits == nb))
             nwords = (per_block * nb + 31) // 32
             shifts = (np.arange(32 // nb) * nb).astype(np.uint32)
             step = max(1, CSEG_BATCH // per_block)
