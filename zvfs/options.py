@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 from .errors import OptionError
+from .kinds import View
 
-VIEWS = ("zarr", "zarr2", "n5", "precomputed")
+VIEWS = tuple(View)
 N5_COMPRESSIONS = ("raw", "gzip", "zstd", "blosc")
 
 #: mount(8)/fstab options that are accepted and have no effect (zvfs is always read-only,
@@ -58,7 +59,7 @@ OWN = {
 
 @dataclass
 class MountOptions:
-    view: str | None = None
+    view: View | None = None
     n5_compression: str = "raw"
     allow_other: bool = False
     log_file: str | None = None
@@ -136,7 +137,7 @@ def parse_options(groups: list[str], opts: MountOptions | None = None) -> MountO
                 if kind in ("view", "n5c"):
                     if value not in (VIEWS if kind == "view" else N5_COMPRESSIONS):
                         raise ValueError(value)
-                    parsed = value
+                    parsed = View(value) if kind == "view" else value
                 elif kind == "size":
                     parsed = parse_size(value)
                 elif kind == "int":

@@ -1,21 +1,27 @@
 """`zvfs inspect`: what a store holds and how zvfs will show it.
 
 Counts come from the shard indexes (the same ones the mount uses), so `chunks_present` is the
-number of chunk files a mount lists.
+number of chunk files a mount lists. Each store kind names its sections in its registry entry
+(kinds.py); `SECTIONS` says how each is gathered and shown. What the chosen view leaves out
+(arrays it cannot express, parts with no array form) is listed with the reason.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple
 
 from tqdm import tqdm
 
 from .errors import CorruptShardError, ShardChanged, StorageError
 from .formats import precomputed, zvf
 from .formats.zarr3 import EMPTY, META, ArrayNode, ShardedArray, child_path
-from .source import OpenSource
+from .kinds import KINDS
 from .storage.base import Store
+
+if TYPE_CHECKING:
+    from .source import OpenSource
 
 #: what one damaged shard raises; inspect lists it in its array's section and goes on
 SHARD_PROBLEMS = (CorruptShardError, ShardChanged, StorageError)
@@ -41,7 +47,7 @@ async def _stored_keys(store: Store, prefix: str) -> list[int]:
     return sizes
 
 
-async def _describe_array(src: OpenSource, node: ArrayNode) -> dict:
+async def _describe_array(src: "OpenSource", node: ArrayNode) -> dict:
     meta = node.meta
     info = {
         "path": node.path,
@@ -105,28 +111,34 @@ def problems(report: dict) -> list[str]:
     return [p for a in report.get("arrays", []) for p in a.get("problems", [])]
 
 
-async def describe(src: OpenSource) -> dict:
+async def describe(src: "OpenSource") -> dict:
     out = {"source": src.store.display, "kind": src.kind, "view": src.view}
-    if src.kind == "precomputed":
-        out["precomputed"] = await _describe_precomputed(src)
-        return out
-    arrays = [n for _, n in sorted(src.zarr_nodes.items()) if isinstance(n, ArrayNode)]
-    out["arrays"] = [await _describe_array(src, n) for n in arrays]
-    for a in out["arrays"]:  # views other than zarr: arrays they cannot express are absent
-        a["in_view"] = a["path"] not in (src.absent or {})
-        if not a["in_view"]:
-            a["view_warning"] = f"not in the {src.view} view: {src.absent[a['path']]}"
-    if src.kind == "zvf":
-        out["zvf"] = _describe_zvf(src, out["arrays"])
+    for section in src.entry.sections:
+        out[section] = await SECTIONS[section].describe(src, out)
+    described = {a["path"] for a in out.get("arrays", [])}
+    absent = [{"path": p or "/", "why": why} for p, why in sorted((src.absent or {}).items()) if p not in described]
+    if absent:
+        out["absent"] = absent
     return out
 
 
-def _describe_zvf(src: OpenSource, arrays: list[dict]) -> dict:
-    attrs = src.zarr_nodes[""].meta.get("attributes", {}).get("zarr_vectors", {})
+async def _describe_arrays(src: "OpenSource", out: dict) -> list[dict]:
+    arrays = [n for _, n in sorted(src.meta.items()) if isinstance(n, ArrayNode)]
+    found = [await _describe_array(src, n) for n in arrays]
+    for a in found:  # views other than zarr: arrays they cannot express are absent
+        a["in_view"] = a["path"] not in (src.absent or {})
+        if not a["in_view"]:
+            a["view_warning"] = f"not in the {src.view} view: {src.absent[a['path']]}"
+    return found
+
+
+async def _describe_zvf(src: "OpenSource", out: dict) -> dict:
+    arrays = out["arrays"]
+    attrs = src.arrays[""].attributes.get("zarr_vectors", {})
     by_path = {a["path"]: a for a in arrays}
     levels = []
-    for level in zvf.find_levels(src.zarr_nodes):
-        oattrs = src.zarr_nodes[child_path(level.path, zvf.OBJECT_INDEX)].meta.get("attributes", {})
+    for level in zvf.find_levels(src.arrays):
+        oattrs = src.arrays[child_path(level.path, zvf.OBJECT_INDEX)].attributes
         vertices = by_path.get(child_path(level.path, zvf.VERTICES), {})
         levels.append({
             "path": level.path,
@@ -142,8 +154,8 @@ def _describe_zvf(src: OpenSource, arrays: list[dict]) -> dict:
     }
 
 
-async def _describe_precomputed(src: OpenSource) -> dict:
-    ds = src.dataset
+async def _describe_precomputed(src: "OpenSource", out: dict) -> dict:
+    ds = src.meta
     dirs = []
     for sd in ds.sharded.values():
         kv = precomputed.ShardedKV(src.store, sd.path, sd.spec, src.cache)
@@ -173,14 +185,21 @@ def _codecs(codecs) -> str:
 
 
 def render(report: dict) -> str:
-    if "precomputed" in report:
-        return _render_precomputed(report)
-    lines = [f"{report['source']}: {report['kind']}, {report['view']} view, {len(report['arrays'])} arrays"]
-    if "zvf" in report:
-        z = report["zvf"]
-        lines.append(f"ZVF {z['zv_version']}: {', '.join(z['geometry_types'])}; {len(z['levels'])} levels with objects")
-        for lv in z["levels"]:
-            lines.append(f"  level {lv['path']}: {lv['objects']} objects, {lv['cells_present']} cells, sharded: {', '.join(lv['sharded_arrays']) or '-'}")
+    lines = [f"{report['source']}: {report['kind']}, {report['view']} view"
+             + (f", {len(report['arrays'])} arrays" if "arrays" in report else "")]
+    for section in KINDS[report["kind"]].sections:
+        lines += SECTIONS[section].render(report)
+    if report.get("absent"):
+        lines.append(f"\nABSENT from the {report['view']} view:")
+        lines += [f"  {a['path']}: {a['why']}" for a in report["absent"]]
+    found = problems(report)
+    if found:
+        lines.append(f"\n{len(found)} damaged shard(s): their chunk files read as EIO, the rest of the store is served")
+    return "\n".join(lines)
+
+
+def _render_arrays(report: dict) -> list[str]:
+    lines = []
     for a in report["arrays"]:
         lines.append(f"\n{a['path'] or '/'}")
         lines.append(f"  shape {_shape(a['shape'])}  dtype {a['dtype']}")
@@ -197,15 +216,20 @@ def render(report: dict) -> str:
         if not a["in_view"]:
             lines.append(f"  ABSENT: {a['view_warning']}")
         lines += [f"  DAMAGED: {p}" for p in a.get("problems", [])]
-    found = problems(report)
-    if found:
-        lines.append(f"\n{len(found)} damaged shard(s): their chunk files read as EIO, the rest of the store is served")
-    return "\n".join(lines)
+    return lines
 
 
-def _render_precomputed(report: dict) -> str:
+def _render_zvf(report: dict) -> list[str]:
+    z = report["zvf"]
+    lines = [f"\nZVF {z['zv_version']}: {', '.join(z['geometry_types'])}; {len(z['levels'])} levels with objects"]
+    for lv in z["levels"]:
+        lines.append(f"  level {lv['path']}: {lv['objects']} objects, {lv['cells_present']} cells, sharded: {', '.join(lv['sharded_arrays']) or '-'}")
+    return lines
+
+
+def _render_precomputed(report: dict) -> list[str]:
     p = report["precomputed"]
-    lines = [f"{report['source']}: precomputed {p['type']}, {report['view']} view"]
+    lines = [f"precomputed {p['type']}"]
     lines += [f"  scale {s['key']}: {'sharded' if s['sharded'] else 'unsharded'}" for s in p["scales"]]
     for d in p["sharded_dirs"]:
         sh = d["sharding"]
@@ -217,4 +241,17 @@ def _render_precomputed(report: dict) -> str:
         lines.append(f"  {d['shards_present']} shards, {d['chunks']} chunks" + (
             f" ({', '.join(f'{k}: {v}' for k, v in list(d['chunks_per_shard'].items())[:8])}{', ...' if len(d['chunks_per_shard']) > 8 else ''})"
             if d["chunks_per_shard"] else ""))
-    return "\n".join(lines)
+    return lines
+
+
+class Section(NamedTuple):
+    describe: Callable[["OpenSource", dict], Awaitable[object]]
+    render: Callable[[dict], list[str]]
+
+
+#: the sections a kind's registry entry names, in the order they are gathered and shown
+SECTIONS = {
+    "arrays": Section(_describe_arrays, _render_arrays),
+    "zvf": Section(_describe_zvf, _render_zvf),
+    "precomputed": Section(_describe_precomputed, _render_precomputed),
+}

@@ -1,42 +1,43 @@
-"""Open a source: pick the store, recognise the store kind, build the requested view.
+"""Open a source: pick the store, recognise the store kind (kinds.py), build the requested view.
 
 This is everything `mount`, `ls`, `cat` and `inspect` share; the FUSE adapter only adds the
-kernel on top.
+kernel on top. `open_source(src)` with default options is a plain library call.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
 from importlib.metadata import version
+from typing import Any
+
 from .errors import MetadataError
-from .formats import precomputed, zarr3, zvf
-from .options import MountOptions, resolve_caches, storage_options
+from .formats.array import Hierarchy
 from .fuse_ops import Control
+from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, show
+from .options import MountOptions, resolve_caches, storage_options
 from .storage import Store, open_store
-from .storage.local import LocalStore
 from .storage.cache import CoalescingCache, decoded_size
+from .storage.local import LocalStore
 from .tree import Tree
-from .views.precomputed import PrecomputedView
-from .views.n5 import N5View
-from .views.zarr2 import Zarr2View
-from .views.zarr3 import Zarr3View
-from .views.zvf import ZvfObjects
 
 
 @dataclass
 class OpenSource:
     store: Store
-    kind: str
-    view: str
+    kind: StoreKind
+    view: View
     tree: Tree
     cache: CoalescingCache
-    zarr_nodes: dict | None = None
-    dataset: precomputed.Dataset | None = None
-    absent: dict | None = None  # arrays the view cannot express -> why
+    meta: Any = None  # the kind's own metadata (Zarr nodes by path, a precomputed Dataset)
+    arrays: Hierarchy | None = None  # the store's array model
+    absent: dict | None = None  # what the view leaves out (arrays it cannot express, parts with no array form) -> why
     decoded: CoalescingCache | None = None
     listings: CoalescingCache | None = None
+
+    @property
+    def entry(self) -> Kind:
+        return KINDS[self.kind]
 
     @property
     def root_mode(self) -> int | None:
@@ -81,36 +82,31 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout)
     source = store.display  # from here on, only the redacted form is ever shown
     # the index share of the budget is split between shard indexes and store listings
-    cache = CoalescingCache(opts.index_cache // 2)
-    listings = CoalescingCache(opts.index_cache // 2, keep_oversized=True)
+    opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),
+                    CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression)
     try:
-        if await store.read(zarr3.META) is not None:
-            view = _view(source, opts, "zarr", ("zarr", "zarr2", "n5"))
-            nodes = await zarr3.load_hierarchy(store)
-            kind = "zvf" if zvf.is_zvf(nodes) else "zarr3"
-            decoded = CoalescingCache(opts.decoded_cache, decoded_size)
-            if view == "zarr":
-                zview = Zarr3View(store, nodes, cache, listings)
-                if kind == "zvf":
-                    ZvfObjects(zview, decoded)
-                return OpenSource(store, kind, view, zview.tree, cache, zarr_nodes=nodes, decoded=decoded, listings=listings)
-            legacy = Zarr2View(store, nodes, cache, decoded) if view == "zarr2" else N5View(store, nodes, cache, decoded, opts.n5_compression)
-            return OpenSource(store, kind, view, legacy.tree, cache, zarr_nodes=nodes, absent=legacy.absent, decoded=decoded,
-                              listings=listings)
-        if await store.read(precomputed.INFO) is not None:
-            view = _view(source, opts, "precomputed", ("precomputed",))
-            dataset = await precomputed.load_dataset(store)
-            decoded = CoalescingCache(opts.decoded_cache, decoded_size)
-            tree = PrecomputedView(store, dataset, cache, decoded, listings).tree
-            return OpenSource(store, "precomputed", view, tree, cache, dataset=dataset, decoded=decoded, listings=listings)
-        raise MetadataError(source, "not a recognised store (no zarr.json or precomputed info at its root)")
+        kind = await detect(_probe(store))
+        if kind is None:
+            raise MetadataError(source, f"not a recognised store ({RECOGNISED})")
+        view = View(opts.view) if opts.view else kind.default_view
+        if view not in kind.views:
+            raise MetadataError(source, f"view '{view}' is not available for this store (available: {', '.join(kind.views)})")
+        loaded = await kind.load(opened)
+        shown = show(kind, view, opened, loaded, source)
+        return OpenSource(store, kind.name, view, shown.tree, opened.cache, loaded.meta, loaded.arrays, shown.absent or None,
+                          opened.decoded, opened.listings)
     except BaseException:
         await store.aclose()
         raise
 
 
-def _view(source: str, opts: MountOptions, default: str, allowed: tuple[str, ...]) -> str:
-    view = opts.view or default
-    if view not in allowed:
-        raise MetadataError(source, f"view {view!r} is not available for this store (available: {', '.join(allowed)})")
-    return view
+def _probe(store: Store):
+    """Reads of root keys for detection, each read once."""
+    seen: dict[str, bytes | None] = {}
+
+    async def probe(key: str) -> bytes | None:
+        if key not in seen:
+            seen[key] = await store.read(key)
+        return seen[key]
+
+    return probe

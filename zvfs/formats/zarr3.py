@@ -28,6 +28,7 @@ from ..errors import CorruptShardError, MetadataError, ShardChanged
 from ..storage.base import Store, Version
 from ..storage.cache import CoalescingCache, drop_if_changed
 from ..storage.gather import gather
+from .array import ArrayModel, GroupModel, Hierarchy
 from .chunkref import ChunkRef
 from .jsonfile import parse_json_object
 
@@ -709,3 +710,26 @@ class PlainArray:
         sizes = [s if s is not None else await self.store.size(k) or 0 for _, k, s in found]
         coords = np.array([c for c, _, _ in found], dtype=np.int64).reshape(len(found), self.ndim)
         return ChunkTable(coords, np.zeros(len(found), np.uint64), np.array(sizes, np.uint64), keys=[k for _, k, _ in found])
+
+
+# --------------------------------------------------------------------------- the array model
+
+
+def array_model(node: ArrayNode, store: Store, cache: CoalescingCache) -> ArrayModel:
+    """The array as every view sees it: innermost chunks, their codecs, where they are."""
+    meta = node.meta
+    names = meta.get("dimension_names")
+    warning = node.warning or ("storage transformers" if meta.get("storage_transformers") else None)
+    return ArrayModel(
+        path=node.path, shape=node.shape, data_type=meta["data_type"],
+        chunk_shape=node.plan.chunk_shape if node.plan else node.chunk_shape,
+        codecs=node.plan.codecs if node.plan else meta["codecs"], fill_value=meta.get("fill_value"),
+        chunks=ShardedArray(node, store, cache) if node.plan else PlainArray(node, store),
+        dimension_names=tuple(names) if isinstance(names, list) and names else None,
+        attributes=meta.get("attributes") or {}, separator=node.encoding.separator, version=node.version, warning=warning)
+
+
+def hierarchy_model(nodes: dict[str, ArrayNode | GroupNode], store: Store, cache: CoalescingCache) -> Hierarchy:
+    return {path: array_model(n, store, cache) if isinstance(n, ArrayNode)
+            else GroupModel(path, n.meta.get("attributes") or {}, list(n.children), n.version)
+            for path, n in nodes.items()}

@@ -6,9 +6,10 @@ the fragments in each chunk that hold its vertex rows (ZVF 0.6+ manifest). Readi
 is: manifest -> for each block, that chunk's `vertex_fragments` cell (fragment -> rows) and
 `vertices` cell (rows) -> the rows, concatenated in manifest order.
 
-The cells are read through the unsharded view's own chunk files (so sharded and unsharded
-arrays, local and remote stores, all take the same path and the same caches); blob formats are
-decoded by zarr-vectors' own decoders and the codecs by formats/codecs.py.
+The cells are read through the arrays' models (formats/array.py: the chunk sources the views
+use, so sharded and unsharded arrays, local and remote stores, all take the same path and the
+same caches); blob formats are decoded by zarr-vectors' own decoders and the codecs by
+formats/codecs.py.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import numpy as np
 
 from ..errors import CorruptShardError
 from ..storage.cache import CoalescingCache
+from .array import ArrayModel, GroupModel, Hierarchy
 from .codecs import Chain
-from .zarr3 import ArrayNode, GroupNode, child_path
+from .zarr3 import child_path
 
 VERTICES = "vertices"
 VERTEX_FRAGMENTS = "vertex_fragments"
@@ -30,13 +32,13 @@ OBJECT_INDEX = "object_index"
 MANIFESTS = "object_index/manifests"
 OBJECT_IDS = "object_index/object_ids"
 
-#: reads the whole unsharded chunk file of `array path` at grid `cell`; None if absent
-CellReader = Callable[[str, tuple[int, ...]], Awaitable[bytes | None]]
+#: reads the whole chunk of an array at grid `cell`; None if absent
+CellReader = Callable[[ArrayModel, tuple[int, ...]], Awaitable[bytes | None]]
 
 
-def is_zvf(nodes: dict) -> bool:
-    root = nodes.get("")
-    return isinstance(root, GroupNode) and isinstance(root.meta.get("attributes", {}).get("zarr_vectors"), dict)
+def is_zvf_root(attributes: dict) -> bool:
+    """The root group's attributes are a ZVF store's."""
+    return isinstance(attributes.get("zarr_vectors"), dict)
 
 
 @dataclass
@@ -53,27 +55,27 @@ class ZvfLevel:
     manifests_per_chunk: int
 
 
-def find_levels(nodes: dict) -> list[ZvfLevel]:
-    root_attrs = nodes[""].meta.get("attributes", {}).get("zarr_vectors", {})
+def find_levels(nodes: Hierarchy) -> list[ZvfLevel]:
+    root_attrs = nodes[""].attributes.get("zarr_vectors", {})
     ndim = len(root_attrs.get("chunk_shape") or [0, 0, 0])
     out = []
     for path, node in sorted(nodes.items()):
-        if not isinstance(node, GroupNode) or "zarr_vectors_level" not in node.meta.get("attributes", {}):
+        if not isinstance(node, GroupModel) or "zarr_vectors_level" not in node.attributes:
             continue
         oi = nodes.get(child_path(path, OBJECT_INDEX))
         manifests = nodes.get(child_path(path, MANIFESTS))
         vertices = nodes.get(child_path(path, VERTICES))
-        if not (isinstance(oi, GroupNode) and isinstance(manifests, ArrayNode) and isinstance(vertices, ArrayNode)):
+        if not (isinstance(oi, GroupModel) and isinstance(manifests, ArrayModel) and isinstance(vertices, ArrayModel)):
             continue
-        oattrs = oi.meta.get("attributes", {})
-        vattrs = vertices.meta.get("attributes", {})
+        oattrs = oi.attributes
+        vattrs = vertices.attributes
         sid_ndim = int(oattrs.get("sid_ndim", ndim))
         origin = tuple(vattrs.get("chunk_grid_origin") or [0] * len(vertices.shape))
         out.append(ZvfLevel(
             path=path, sid_ndim=sid_ndim, ndim=ndim, dtype=np.dtype(vattrs.get("dtype", "float32")).newbyteorder("<"),
             origin=origin, num_rows=int(manifests.shape[0]) if manifests.shape else 0,
-            has_id_table=isinstance(nodes.get(child_path(path, OBJECT_IDS)), ArrayNode),
-            manifests_per_chunk=(manifests.plan.chunk_shape if manifests.plan else manifests.chunk_shape)[0],
+            has_id_table=isinstance(nodes.get(child_path(path, OBJECT_IDS)), ArrayModel),
+            manifests_per_chunk=manifests.chunk_shape[0],
         ))
     return out
 
@@ -92,33 +94,30 @@ class ObjectReader:
     Decoded cells (a manifests chunk holds 16384 objects) are kept in `cache`, so listing or
     sizing many objects decodes each cell once."""
 
-    def __init__(self, level: ZvfLevel, nodes: dict, codecs_of: Callable[[ArrayNode], list], read_cell: CellReader,
-                 cache: CoalescingCache):
+    def __init__(self, level: ZvfLevel, nodes: Hierarchy, read_cell: CellReader, cache: CoalescingCache):
         self.level = level
         self.nodes = nodes
-        self.codecs_of = codecs_of
         self.read_cell = read_cell
         self.cache = cache
         self._ids: np.ndarray | None = None
 
-    def _node(self, name: str) -> ArrayNode:
-        return self.nodes[child_path(self.level.path, name)]
+    def _node(self, name: str) -> ArrayModel:
+        return self.nodes[child_path(self.level.path, name)]  # type: ignore[return-value]
 
     async def _cell(self, name: str, cell: tuple[int, ...]) -> np.ndarray | None:
         node = self._node(name)
         found = await self.cache.get(("zvfcell", node.path, cell), lambda: self._decode_cell(node, cell))
         return None if found is None else found.values
 
-    async def _decode_cell(self, node: ArrayNode, cell: tuple[int, ...]) -> DecodedCell | None:
-        raw = await self.read_cell(node.path, cell)
+    async def _decode_cell(self, node: ArrayModel, cell: tuple[int, ...]) -> DecodedCell | None:
+        raw = await self.read_cell(node, cell)
         if raw is None:
             return None
-        chain = Chain.parse(self.codecs_of(node), node.meta["data_type"], len(node.shape))
+        chain = Chain.parse(node.codecs, node.data_type, node.ndim)
         if chain is None:
             raise CorruptShardError(node.path, "codecs not supported for ZVF objects")
-        shape = node.plan.chunk_shape if node.plan else node.chunk_shape
         try:
-            values = chain.decode(raw, node.meta["data_type"], shape).reshape(-1)
+            values = chain.decode(raw, node.data_type, node.chunk_shape).reshape(-1)
         except (ValueError, RuntimeError, TypeError) as e:
             raise CorruptShardError(node.path, f"chunk {cell} does not decode ({e})") from None
         if values.dtype == object:
@@ -132,7 +131,7 @@ class ObjectReader:
                 self._ids = np.arange(self.level.num_rows, dtype=np.int64)
             else:
                 node = self._node(OBJECT_IDS)
-                per = (node.plan.chunk_shape if node.plan else node.chunk_shape)[0]
+                per = node.chunk_shape[0]
                 parts = []
                 for c in range(-(-self.level.num_rows // per)):
                     cell = await self._cell(OBJECT_IDS, (c,))

@@ -2,9 +2,9 @@
 
 A view decides how chunk files are named (`Layout`: nested directories naming one array axis
 per level, in the view's own axis order, or flat names in the array directory) and what a
-chunk file holds (`make_file`: the chunk's bytes passed through, or an N5 block). The chunks
-themselves come from a source with `grid`, `locate(coords)` and `tables(fixed)` (a sharded
-array's shard indexes, or an unsharded array's keys).
+chunk file holds (`make_file`: the chunk's bytes passed through, transcoded, or an N5 block).
+The chunks themselves come from the array model's ChunkSource (formats/array.py: a sharded
+array's shard indexes, an unsharded array's keys, a precomputed scale's shards).
 
 Inode numbers are computed, not stored: a directory at depth d is numbered by its d path
 coordinates, a file by all of them, per depth in C order of the path-ordered grid.
@@ -15,25 +15,14 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 
+from ..formats.array import ChunkSource, ChunkTableLike as ChunkTable
 from ..formats.chunkref import ChunkRef
-from ..formats.zarr3 import ChunkKeyEncoding, ChunkTable, parse_coord
+from ..formats.zarr3 import ChunkKeyEncoding, parse_coord
 from ..tree import Dir, File, InodeRange, ListedRefs, Node, Rows, Tree, grid_block_sizes
-
-
-class ChunkSource(Protocol):
-    grid: tuple[int, ...]
-    ndim: int
-
-    def in_grid(self, coords: tuple[int, ...]) -> bool: ...
-
-    async def locate(self, coords: tuple[int, ...]) -> ChunkRef | None: ...
-
-    async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]: ...
-
 
 #: (inode, where the chunk's bytes are (None: a fill block), grid coords) -> the file
 MakeFile = Callable[[int, "ChunkRef | None", tuple[int, ...]], File]
@@ -55,18 +44,12 @@ class Layout:
     zero_d: str = "0"
 
     @classmethod
-    def zarr(cls, encoding: ChunkKeyEncoding, ndim: int, v2_keys: bool = False) -> "Layout":
-        """Zarr keys: v3 `default` (`c/1/2` or `c.1.2`) or `v2` (`1/2`, `1.2`); `v2_keys` forces
-        the latter (the Zarr v2 view)."""
-        default = encoding.name == "default" and not v2_keys
+    def zarr(cls, encoding: ChunkKeyEncoding, ndim: int) -> "Layout":
+        """Zarr keys: v3 `default` (`c/1/2` or `c.1.2`) or `v2` (`1/2`, `1.2`, the Zarr v2 view's)."""
+        default = encoding.name == "default"
         nested = encoding.separator == "/" and ndim > 0
         return cls(nested, tuple(range(ndim)), "c" if nested and default else None,
                    "c" if default else None, "c" if default else "0")
-
-    @classmethod
-    def n5(cls, ndim: int) -> "Layout":
-        """N5 blocks: `0/4/1/7`, grid coordinates in reversed axis order."""
-        return cls(ndim > 0, tuple(reversed(range(ndim))), None, None, "0")
 
     def flat_name(self, coords: tuple[int, ...]) -> str:
         if not coords:

@@ -1,8 +1,9 @@
-"""Shared shape of the views that re-express a Zarr v3 hierarchy in another format (Zarr v2,
-N5): every group is a directory with that format's metadata files, every array the format
-can express is a directory with metadata files and a chunk space; arrays it cannot express
-are absent (and logged once). Unlike the Zarr v3 view nothing else passes through: the
-result is a clean store of the other format. A root array the view cannot express refuses
+"""Shared shape of the array views: an array model hierarchy (formats/array.py, any store
+kind) shown in one format (Zarr v2, N5, Zarr v3 of a kind that is not Zarr): every group is a
+directory with that format's metadata files, every array the format can express is a
+directory with metadata files and a chunk space; arrays it cannot express are absent (and
+logged once). Unlike the Zarr v3 view of a Zarr store nothing else passes through: the result
+is a clean store of the format. A root array the view cannot express refuses
 the mount (MetadataError) instead of mounting a root that is ENOENT. A view may name a group's
 children differently from the store (`child_names`: the N5 view's s0, s1, ... levels).
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 import logging
 
 from ..errors import MetadataError
-from ..formats.zarr3 import ArrayNode, GroupNode, PlainArray, ShardedArray, child_path
+from ..formats.array import ArrayModel, ChunkSource, GroupModel, Hierarchy
+from ..formats.zarr3 import child_path
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, Node, Tree
@@ -26,19 +28,18 @@ class NotExpressible(Exception):
 
 
 class HierarchyView:
-    """Base of the Zarr v2 and N5 views. Subclasses give the metadata files and chunk naming."""
+    """Base of the array views. Subclasses give the metadata files and chunk naming."""
 
     name = ""
 
-    def __init__(self, store: Store, nodes: dict, cache: CoalescingCache, decoded: CoalescingCache):
+    def __init__(self, store: Store, nodes: Hierarchy, decoded: CoalescingCache, listings: CoalescingCache | None = None):
         self.store = store
         self.nodes = nodes
-        self.cache = cache
         self.decoded = decoded
-        self.tree = Tree()
+        self.tree = Tree(listings)
         self.absent: dict[str, str] = {}  # array path -> why the view cannot express it
         for path, node in sorted(nodes.items()):
-            if isinstance(node, ArrayNode):
+            if isinstance(node, ArrayModel):
                 try:
                     self.check(node)
                 except NotExpressible as e:
@@ -48,52 +49,53 @@ class HierarchyView:
                     log.warning("%s view: array %s is not shown: %s", self.name, path, e)
         self.node_for("")
 
-    def source(self, node: ArrayNode) -> ShardedArray | PlainArray:
-        return ShardedArray(node, self.store, self.cache) if node.plan else PlainArray(node, self.store)
+    def source(self, node: ArrayModel) -> ChunkSource:
+        return node.chunks
 
     def node_for(self, path: str) -> Node | None:
         node = self.nodes[path]
-        if isinstance(node, ArrayNode) and path in self.absent:
+        if isinstance(node, ArrayModel) and path in self.absent:
             return None
-        if isinstance(node, GroupNode):
+        if isinstance(node, GroupModel):
             return self.tree.intern((self.name, path), lambda ino: GroupDir(ino, self, node))
         return self.tree.intern((self.name, path), lambda ino: ArrayDir(ino, self, node))
 
-    def metadata(self, key: str, content: bytes) -> Node:
-        return self.tree.intern((self.name, "meta", key), lambda ino: BytesFile(ino, content))
+    def metadata(self, key: str, content: bytes, node: ArrayModel | GroupModel) -> Node:
+        """A metadata file, dressed in the mode and mtime of the metadata it came from."""
+        return self.tree.intern((self.name, "meta", key), lambda ino: BytesFile(ino, content, node.version))
 
     # -- for subclasses
 
-    def check(self, node: ArrayNode) -> None:
+    def check(self, node: ArrayModel) -> None:
         """Raise NotExpressible if the array cannot be shown."""
 
-    def child_names(self, group: GroupNode) -> dict[str, str]:
+    def child_names(self, group: GroupModel) -> dict[str, str]:
         """The group's children: name in the view -> stored name (N5 renames OME levels)."""
         return {name: name for name in group.children}
 
-    def group_files(self, group: GroupNode) -> dict[str, bytes]:
+    def group_files(self, group: GroupModel) -> dict[str, bytes]:
         raise NotImplementedError
 
-    def array_files(self, node: ArrayNode) -> dict[str, bytes]:
+    def array_files(self, node: ArrayModel) -> dict[str, bytes]:
         raise NotImplementedError
 
-    def layout(self, node: ArrayNode) -> Layout:
+    def layout(self, node: ArrayModel) -> Layout:
         raise NotImplementedError
 
-    def make_file(self, node: ArrayNode, source) -> MakeFile:
+    def make_file(self, node: ArrayModel, source) -> MakeFile:
         raise NotImplementedError
 
 
 class GroupDir(Dir):
     __slots__ = ("view", "group")
 
-    def __init__(self, ino: int, view: HierarchyView, group: GroupNode):
+    def __init__(self, ino: int, view: HierarchyView, group: GroupModel):
         super().__init__(ino)
         self.view = view
         self.group = group
 
     def _files(self) -> dict[str, Node]:
-        return {name: self.view.metadata(child_path(self.group.path, name), data)
+        return {name: self.view.metadata(child_path(self.group.path, name), data, self.group)
                 for name, data in self.view.group_files(self.group).items()}
 
     async def lookup(self, name: str) -> Node | None:
@@ -115,7 +117,7 @@ class GroupDir(Dir):
 class ArrayDir(Dir):
     __slots__ = ("view", "array", "chunks")
 
-    def __init__(self, ino: int, view: HierarchyView, array: ArrayNode):
+    def __init__(self, ino: int, view: HierarchyView, array: ArrayModel):
         super().__init__(ino)
         self.view = view
         self.array = array
@@ -123,7 +125,7 @@ class ArrayDir(Dir):
         self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source))
 
     def _files(self) -> dict[str, Node]:
-        return {name: self.view.metadata(child_path(self.array.path, name), data)
+        return {name: self.view.metadata(child_path(self.array.path, name), data, self.array)
                 for name, data in self.view.array_files(self.array).items()}
 
     async def lookup(self, name: str) -> Node | None:

@@ -1,10 +1,15 @@
-"""The unsharded Zarr v3 view of a Zarr v3 hierarchy.
+"""The unsharded Zarr v3 view: of a Zarr v3 hierarchy (`Zarr3View`), and of the array model
+of any other store kind (`ModelZarr3View`).
 
-Groups, attributes and unsharded arrays are shown as stored. A sharded array becomes a
-directory with a rewritten `zarr.json` (two fields change: the chunk shape becomes the
-innermost chunk shape, the codecs become the transposes before sharding plus the inner codecs)
-and one file per non-empty innermost chunk, named by the array's own `chunk_key_encoding`.
-The chunk files' bytes are the inner chunks' bytes, unchanged.
+Of a Zarr store: groups, attributes and unsharded arrays are shown as stored. A sharded array
+becomes a directory with a rewritten `zarr.json` (two fields change: the chunk shape becomes
+the innermost chunk shape, the codecs become the transposes before sharding plus the inner
+codecs) and one file per non-empty innermost chunk, named by the array's own
+`chunk_key_encoding`. The chunk files' bytes are the inner chunks' bytes, unchanged.
+
+Of another kind (precomputed volume scales): a clean Zarr v3 hierarchy written from the model,
+`zarr.json` per group and array (default chunk keys `c/0/4/1`), chunk bytes passed through
+where the stored chunk is the Zarr chunk and edge chunks padded (views/transcode.py).
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ import json
 import logging
 from typing import Callable
 
-from ..formats.codecs import fill_value_json
-from ..formats.zarr3 import META, ArrayNode, GroupNode, ShardedArray, child_path, parse_array
+from ..formats.array import ArrayModel, GroupModel
+from ..formats.codecs import Chain, fill_value_json, name_of
+from ..formats.zarr3 import META, ArrayNode, ChunkKeyEncoding, GroupNode, ShardedArray, child_path, parse_array
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Rows, Tree
-from .chunks import ChunkSpace, Layout
+from .chunks import ChunkSpace, Layout, MakeFile
+from .hierarchy import HierarchyView, NotExpressible
+from .transcode import Encoding, zarr_encoding
 
 log = logging.getLogger("zvfs.view.zarr3")
 
@@ -163,3 +171,44 @@ class ShardedArrayDir(Dir):
         meta = self._meta()
         rows.add(META, meta.ino, False, meta.known_size(), None, None)
         return rows
+
+
+class ModelZarr3View(HierarchyView):
+    """The Zarr v3 view of a store kind that is not Zarr, written from its array model."""
+
+    name = "zarr"
+
+    def __init__(self, store, nodes, decoded, listings=None):
+        self.encodings: dict[str, Encoding] = {}
+        super().__init__(store, nodes, decoded, listings)
+
+    def check(self, node: ArrayModel) -> None:
+        if node.warning:
+            raise NotExpressible(node.warning)
+        chain = Chain.parse(node.codecs, node.data_type, node.ndim)
+        if chain is None:
+            raise NotExpressible(f"codecs {[name_of(c) for c in node.codecs]} cannot be decoded by zarr")
+        self.encodings[node.path] = zarr_encoding(self.name, node, chain)
+
+    def group_files(self, group: GroupModel) -> dict[str, bytes]:
+        meta = {"zarr_format": 3, "node_type": "group", "attributes": group.attributes}
+        return {META: metadata_bytes(meta)}
+
+    def array_files(self, node: ArrayModel) -> dict[str, bytes]:
+        meta = {
+            "zarr_format": 3, "node_type": "array", "shape": list(node.shape), "data_type": node.data_type,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(node.chunk_shape)}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": node.fill_value if node.fill_value is not None else 0, "codecs": node.codecs,
+            "attributes": node.attributes,
+        }
+        if node.dimension_names is not None:
+            meta["dimension_names"] = list(node.dimension_names)
+        return {META: metadata_bytes(meta)}
+
+    def layout(self, node: ArrayModel) -> Layout:
+        return Layout.zarr(ChunkKeyEncoding("default", "/"), node.ndim)
+
+    def make_file(self, node: ArrayModel, source) -> MakeFile:
+        enc = self.encodings[node.path]
+        return lambda ino, ref, coords: enc.file(ino, self.store, ref, coords, self.decoded)

@@ -1,7 +1,7 @@
 """`objects/` in each level of a ZVF store: one `<oid>.npy` per object.
 
 Each file holds the object's vertex rows, assembled through its manifest (see
-formats/zvf.py), as numpy.save writes them; so `cp objects/123.npy .` pulls one streamline out
+formats/zvf.py; cells read through the arrays' models), as numpy.save writes them; so `cp objects/123.npy .` pulls one streamline out
 of a sharded store. Objects with an empty manifest (ids dropped at coarser levels) are absent.
 Looking a file up by name reads one manifest chunk; only listing reads them all.
 """
@@ -10,41 +10,35 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..formats.zarr3 import ArrayNode, child_path
+from ..formats.array import ArrayModel, Hierarchy
 from ..formats.zvf import ObjectReader, ZvfLevel, find_levels, npy_header
 from ..storage.cache import CoalescingCache
-from ..tree import File, ListedDir, Node
+from ..tree import File, ListedDir, Node, RangeFile
 from .chunks import parse_coord
 from .zarr3 import Zarr3View
 
 OBJECTS = "objects"
 
 
-def _codecs_of(node: ArrayNode) -> list:
-    return node.plan.codecs if node.plan is not None else node.meta["codecs"]
-
-
 class ZvfObjects:
     """Adds `objects/` to the level groups of a Zarr3View over a ZVF store."""
 
-    def __init__(self, view: Zarr3View, decoded: CoalescingCache):
+    def __init__(self, view: Zarr3View, arrays: Hierarchy, decoded: CoalescingCache):
         self.view = view
+        self.arrays = arrays
         self.decoded = decoded
-        self.levels = {lv.path: lv for lv in find_levels(view.nodes)}
+        self.levels = {lv.path: lv for lv in find_levels(arrays)}
         view.extras = self.extras
 
-    async def read_cell(self, array_path: str, cell: tuple[int, ...]) -> bytes | None:
-        node = self.view.nodes[array_path]
-        f = await self.view.tree.resolve(child_path(array_path, node.encoding.key(cell)))
-        if f is None or f.is_dir:
-            return None
-        return await f.read(0, await f.size())
+    async def read_cell(self, node: ArrayModel, cell: tuple[int, ...]) -> bytes | None:
+        ref = await node.chunks.locate(cell)
+        return None if ref is None else await RangeFile(0, self.view.store, ref).read(0, ref.length)
 
     def extras(self, group_path: str) -> list[tuple[str, Node]]:
         level = self.levels.get(group_path)
         if level is None:
             return []
-        reader = ObjectReader(level, self.view.nodes, _codecs_of, self.read_cell, self.decoded)
+        reader = ObjectReader(level, self.arrays, self.read_cell, self.decoded)
         return [(OBJECTS, self.view.tree.intern(("zvfobjects", group_path), lambda ino: ObjectsDir(ino, self, reader)))]
 
 
