@@ -201,7 +201,7 @@ def test_mesh_manifest_parser(manifest, num_lods):
 @given(blob=st.binary(max_size=200), sid_ndim=st.integers(1, 4))
 def test_zvf_object_manifest_decoder(blob, sid_ndim):
     level = ZvfLevel("0", sid_ndim, 3, np.dtype("<f4"), (0,) * sid_ndim, 1, False, 1)
-    reader = ObjectReader(level, {"0/object_index/manifests": zarr_array("end", True)}, lambda n: [], None, CoalescingCache(1 << 20))
+    reader = ObjectReader(level, {"0/object_index/manifests": zarr_array("end", True)}, None, CoalescingCache(1 << 20))
     try:
         blocks = bounded_allocation(lambda: reader.blocks(blob))
     except CorruptShardError:

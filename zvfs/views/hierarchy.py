@@ -11,6 +11,7 @@ children differently from the store (`child_names`: the N5 view's s0, s1, ... le
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..errors import MetadataError
 from ..formats.array import ArrayModel, ChunkSource, GroupModel, Hierarchy
@@ -19,6 +20,9 @@ from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, Node, Tree
 from .chunks import ChunkSpace, Layout, MakeFile
+
+if TYPE_CHECKING:
+    from .transcode import Encoding
 
 log = logging.getLogger("zvfs.view")
 
@@ -38,10 +42,11 @@ class HierarchyView:
         self.decoded = decoded
         self.tree = Tree(listings)
         self.absent: dict[str, str] = {}  # array path -> why the view cannot express it
+        self.encodings: dict[str, Encoding] = {}  # array path -> how the view writes its chunks
         for path, node in sorted(nodes.items()):
             if isinstance(node, ArrayModel):
                 try:
-                    self.check(node)
+                    self.encodings[path] = self.encoding(node)
                 except NotExpressible as e:
                     if path == "":  # a mount whose root would be ENOENT is refused
                         raise MetadataError(f"{store.display} (--view {self.name})", f"the root array cannot be shown: {e}") from None
@@ -66,8 +71,9 @@ class HierarchyView:
 
     # -- for subclasses
 
-    def check(self, node: ArrayModel) -> None:
-        """Raise NotExpressible if the array cannot be shown."""
+    def encoding(self, node: ArrayModel) -> "Encoding":
+        """How the view writes the array's chunks; NotExpressible if it cannot show it."""
+        raise NotImplementedError
 
     def child_names(self, group: GroupModel) -> dict[str, str]:
         """The group's children: name in the view -> stored name (N5 renames OME levels)."""
@@ -83,7 +89,8 @@ class HierarchyView:
         raise NotImplementedError
 
     def make_file(self, node: ArrayModel, source) -> MakeFile:
-        raise NotImplementedError
+        enc = self.encodings[node.path]
+        return lambda ino, ref, coords: enc.file(ino, self.store, ref, coords, self.decoded)
 
 
 class GroupDir(Dir):

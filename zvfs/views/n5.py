@@ -29,7 +29,6 @@ are named s0, s1, ... as those tools require.
 from __future__ import annotations
 
 import json
-import logging
 import struct
 
 import numpy as np
@@ -38,13 +37,11 @@ from ..formats.array import ArrayModel, ChunkSource, ChunkTableLike, GroupModel
 from ..formats.chunkref import ChunkRef
 from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of
 from ..formats.zarr3 import child_path
-from .chunks import Layout, MakeFile
+from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible
 from .ome import N5Multiscale
 from .transcode import FILL_KEY, Encoding, simple
 from .zarr2 import dimension_names
-
-log = logging.getLogger("zvfs.view")
 
 N5_VERSION = "2.0.0"  # older Java readers refuse newer versions than theirs
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}
@@ -127,7 +124,6 @@ class N5View(HierarchyView):
 
     def __init__(self, store, nodes, decoded, listings=None, compression: str = "raw"):
         self.output_codec = None if compression == "raw" else {"name": compression, "configuration": {}}
-        self.encodings: dict[str, Encoding] = {}
         self.filled: set[str] = set()  # arrays whose missing chunks are fill blocks
         self.multiscales: dict[str, N5Multiscale] = {}  # image group path -> its N5 conventions
         self.levels: dict[str, tuple[N5Multiscale, str]] = {}  # level array path -> (its image, path in it)
@@ -144,7 +140,7 @@ class N5View(HierarchyView):
                 ms.names = {}
         super().__init__(store, nodes, decoded, listings)
 
-    def check(self, node: ArrayModel) -> None:
+    def encoding(self, node: ArrayModel) -> Encoding:
         if node.warning:
             raise NotExpressible(node.warning)
         if not node.shape:
@@ -159,9 +155,9 @@ class N5View(HierarchyView):
             fill = enc.fill()
         except (ValueError, TypeError) as e:
             raise NotExpressible(f"fill value {node.fill_value!r}: {e}") from None
-        self.encodings[node.path] = enc
         if np.any(fill.reshape(1).view(np.uint8)):  # N5 reads missing blocks as zero bytes
             self.filled.add(node.path)
+        return enc
 
     def child_names(self, group: GroupModel) -> dict[str, str]:
         """In an OME image group the levels are s0, s1, ... (what N5 multiscale readers open);
@@ -217,7 +213,3 @@ class N5View(HierarchyView):
 
     def layout(self, node: ArrayModel) -> Layout:
         return Layout(node.ndim > 0, n5_axes(self.encodings[node.path].chain, node.ndim))
-
-    def make_file(self, node: ArrayModel, source) -> MakeFile:
-        enc = self.encodings[node.path]
-        return lambda ino, ref, coords: enc.file(ino, self.store, ref, coords, self.decoded)

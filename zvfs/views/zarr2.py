@@ -19,7 +19,7 @@ import json
 from ..formats.array import ArrayModel, GroupModel
 from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, VLEN, Chain, config_of, fill_value_json, name_of
 from ..formats.zarr3 import ChunkKeyEncoding
-from .chunks import Layout, MakeFile
+from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible
 from .ome import ome04_attributes
 from .transcode import Encoding, zarr_encoding
@@ -50,10 +50,6 @@ def dimension_names(node: ArrayModel) -> list[str] | None:
 class Zarr2View(HierarchyView):
     name = "zarr2"
 
-    def __init__(self, store, nodes, decoded, listings=None):
-        self.encodings: dict[str, Encoding] = {}
-        super().__init__(store, nodes, decoded, listings)
-
     def _chain(self, node: ArrayModel) -> Chain:
         if node.warning:
             raise NotExpressible(node.warning)
@@ -73,8 +69,8 @@ class Zarr2View(HierarchyView):
             raise NotExpressible(f"fill value {node.fill_value!r}: {e}") from None
         return chain
 
-    def check(self, node: ArrayModel) -> None:
-        self.encodings[node.path] = zarr_encoding(self.name, node, self._chain(node))
+    def encoding(self, node: ArrayModel) -> Encoding:
+        return zarr_encoding(self.name, node, self._chain(node))
 
     def group_files(self, group: GroupModel) -> dict[str, bytes]:
         files = {".zgroup": _dumps({"zarr_format": 2})}
@@ -109,7 +105,3 @@ class Zarr2View(HierarchyView):
 
     def layout(self, node: ArrayModel) -> Layout:
         return Layout.zarr(ChunkKeyEncoding("v2", node.separator), len(node.shape))
-
-    def make_file(self, node: ArrayModel, source) -> MakeFile:
-        enc = self.encodings[node.path]
-        return lambda ino, ref, coords: enc.file(ino, self.store, ref, coords, self.decoded)

@@ -24,7 +24,7 @@ from ..formats.zarr3 import META, ArrayNode, ChunkKeyEncoding, GroupNode, Sharde
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Rows, Tree
-from .chunks import ChunkSpace, Layout, MakeFile
+from .chunks import ChunkSpace, Layout
 from .hierarchy import HierarchyView, NotExpressible
 from .transcode import Encoding, zarr_encoding
 
@@ -178,17 +178,13 @@ class ModelZarr3View(HierarchyView):
 
     name = "zarr"
 
-    def __init__(self, store, nodes, decoded, listings=None):
-        self.encodings: dict[str, Encoding] = {}
-        super().__init__(store, nodes, decoded, listings)
-
-    def check(self, node: ArrayModel) -> None:
+    def encoding(self, node: ArrayModel) -> Encoding:
         if node.warning:
             raise NotExpressible(node.warning)
         chain = Chain.parse(node.codecs, node.data_type, node.ndim)
         if chain is None:
             raise NotExpressible(f"codecs {[name_of(c) for c in node.codecs]} cannot be decoded by zarr")
-        self.encodings[node.path] = zarr_encoding(self.name, node, chain)
+        return zarr_encoding(self.name, node, chain)
 
     def group_files(self, group: GroupModel) -> dict[str, bytes]:
         meta = {"zarr_format": 3, "node_type": "group", "attributes": group.attributes}
@@ -208,7 +204,3 @@ class ModelZarr3View(HierarchyView):
 
     def layout(self, node: ArrayModel) -> Layout:
         return Layout.zarr(ChunkKeyEncoding("default", "/"), node.ndim)
-
-    def make_file(self, node: ArrayModel, source) -> MakeFile:
-        enc = self.encodings[node.path]
-        return lambda ino, ref, coords: enc.file(ino, self.store, ref, coords, self.decoded)
