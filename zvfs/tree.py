@@ -305,34 +305,36 @@ class ListedDir(Dir):
         return self._by_name.get(name)
 
 
-class ListedRefs:
-    """Where the files of recent listings are, by inode number: the kernel opens listed files
-    by number right after (`find | xargs cat`, `cp -r`), and a ref a listing just checked
-    against its shard needs no second index lookup (reads still expect the ref's version).
+class ListedFiles:
+    """The files of recent listings, by inode number: the kernel opens listed files by number
+    right after (`find | xargs cat`, `cp -r` list every directory before the first open), and a
+    file a listing just read from its shard index needs no second index lookup (reads still
+    expect the version the listing saw).
 
-    One entry per listing (a sorted array of inode numbers and a function from row to ref),
-    found by bisection on the entries' first numbers: looping over the entries cost 69 µs per
-    open with 256 directories listed, a dense listing is then indexed directly. Entries older
-    than `fresh` seconds are not used; at most `rows` rows are kept (16 bytes each)."""
+    One entry per listing (its sorted inode numbers and a function that builds the file of
+    one of them), found by bisection on the entries' first numbers; a dense listing is then
+    indexed directly. (Scanning the listings cost 69 µs per open with 256 directories listed;
+    rebuilding the node from its number, another 6.) Entries older than `fresh` seconds are
+    not used, and at most `rows` numbers are kept (8 bytes each)."""
 
     def __init__(self, fresh: float = 5.0, rows: int = 1 << 18):
         self.fresh = fresh
         self.rows = rows
         self._los: list[int] = []  # first numbers of the entries, sorted (their ranges are disjoint)
-        self._entries: dict[int, tuple[float, int, np.ndarray, Callable[[int], object]]] = {}  # lo -> entry, oldest first
+        self._entries: dict[int, tuple[float, int, np.ndarray, Callable[[int, int], "File"]]] = {}  # lo -> entry, oldest first
         self._kept = 0
 
-    def add(self, inos: np.ndarray, ref: Callable[[int], object]) -> None:
-        """A listing's files: `inos` sorted, `ref(i)` the ref of `inos[i]`."""
+    def add(self, inos: np.ndarray, make: Callable[[int, int], "File"]) -> None:
+        """A listing's files: `inos` sorted, `make(ino, i)` the file numbered `inos[i]`."""
         if not len(inos):
             return
         lo, hi = int(inos[0]), int(inos[-1])
         j = bisect.bisect_right(self._los, hi)
-        while j > 0 and self._entries[self._los[j - 1]][1] >= lo:  # a listing of the same files
+        while j > 0 and self._entries[self._los[j - 1]][1] >= lo:  # an older listing of these files
             self._drop(self._los[j - 1])
             j -= 1
         bisect.insort(self._los, lo)
-        self._entries[lo] = (time.monotonic(), hi, inos, ref)
+        self._entries[lo] = (time.monotonic(), hi, inos, make)
         self._kept += len(inos)
         while self._kept > self.rows and len(self._entries) > 1:
             self._drop(next(iter(self._entries)))
@@ -342,16 +344,16 @@ class ListedRefs:
         self._los.remove(lo)
         self._kept -= len(inos)
 
-    def get(self, ino: int) -> object | None:
+    def get(self, ino: int) -> "File | None":
         j = bisect.bisect_right(self._los, ino) - 1
         if j < 0:
             return None
         lo = self._los[j]
-        when, hi, inos, ref = self._entries[lo]
+        when, hi, inos, make = self._entries[lo]
         if ino > hi or time.monotonic() - when > self.fresh:
             return None
         i = ino - lo if hi - lo + 1 == len(inos) else int(inos.searchsorted(ino))
-        return ref(i) if i < len(inos) and int(inos[i]) == ino else None
+        return make(ino, i) if i < len(inos) and int(inos[i]) == ino else None
 
     def clear(self) -> None:
         self._los.clear()
@@ -501,6 +503,8 @@ class Tree:
         #: computed nodes the kernel just looked up or listed: it asks for them by number right
         #: after (getattr, open), so they are kept here instead of being rebuilt
         self._recent: OrderedDict[int, Node] = OrderedDict()
+        #: chunk files of recent listings (views add them), opened by number right after
+        self.listed = ListedFiles()
         self.root: Dir | None = None
 
     def intern(self, key: Hashable, make: Callable[[int], Node]) -> Node:
@@ -536,6 +540,7 @@ class Tree:
     def forget_listings(self) -> None:
         """`zvfs refresh`: every directory lists its store again, computed nodes are rebuilt."""
         self._recent.clear()
+        self.listed.clear()
         for node in self._nodes.values():
             forget = getattr(node, "forget", None)
             if forget is not None:
@@ -550,7 +555,7 @@ class Tree:
             self._recent.popitem(last=False)
 
     async def node(self, ino: int) -> Node | None:
-        node = self._nodes.get(ino) or self._recent.get(ino)
+        node = self._nodes.get(ino) or self._recent.get(ino) or self.listed.get(ino)
         if node is not None:
             return node
         i = bisect.bisect_right(self._range_starts, ino) - 1

@@ -8,9 +8,11 @@ from typing import Callable
 from ..storage.base import Version
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChunkRef:
     """Bytes `[offset, offset+length)` of store key `key`, passed through `decode` if set.
+    Never changed once made (not `frozen`: a frozen dataclass's constructor cost 0.65 µs
+    against 0.23, and one is made per chunk file opened).
 
     `decode` is None for pass-through chunks (the common case: the bytes of the inner chunk are
     exactly the bytes of the unsharded chunk file, and the file size is `length`).

@@ -22,7 +22,7 @@ import numpy as np
 from ..formats.array import ChunkSource, ChunkTableLike as ChunkTable
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, parse_coord
-from ..tree import Dir, File, InodeRange, ListedRefs, Node, Rows, Tree, grid_block_sizes
+from ..tree import Dir, File, InodeRange, Node, Rows, Tree, grid_block_sizes
 
 #: (inode, where the chunk's bytes are (None: a fill block), grid coords) -> the file
 MakeFile = Callable[[int, "ChunkRef | None", tuple[int, ...]], File]
@@ -68,11 +68,6 @@ class Layout:
         return coords if len(coords) == ndim and None not in coords else None  # type: ignore[return-value]
 
 
-#: how long (seconds) recent listings answer opens by number, and how many of their rows are
-#: kept (16 bytes each: `find` lists every directory before `cat` opens the first files)
-LISTED_FRESH, LISTED_ROWS = 5.0, 1 << 18
-
-
 class ChunkSpace(InodeRange):
     """`plain`: the view's chunk files are the chunks' bytes as stored (their size is the
     index entry's length), so listings are computed from the chunk tables without a node per
@@ -90,7 +85,7 @@ class ChunkSpace(InodeRange):
         self.depth_start = list(itertools.accumulate([0, *sizes[:-1]]))
         self.count = sum(sizes)
         self.start = tree.reserve(self)
-        self.listed = ListedRefs(LISTED_FRESH, LISTED_ROWS)  # refs of recent listings by inode number
+        self.tree = tree
 
     # -- numbering (path order)
 
@@ -118,11 +113,7 @@ class ChunkSpace(InodeRange):
             path.append(c)
         path = tuple(reversed(path))
         if d == self.ndim:
-            coords = self.to_array(path)
-            listed = self.listed.get(self.start + offset)
-            if listed is not None:
-                return self._made(self.make_file(self.start + offset, listed, coords), coords)
-            return await self.file(coords)
+            return await self.file(self.to_array(path))
         if self.layout.nested and (d > 0 or self.layout.top):
             return ChunkDir(self.ino_of(path), self, path)
         return None
@@ -197,25 +188,39 @@ class ChunkSpace(InodeRange):
             for v in values:
                 rows.add(str(v), self.ino_of((*path, v)), True, 0, None, None)
             return rows
-        for table, idx in found:
-            self._add_files(rows, table, idx, lambda pcoords: [str(c) for c in pcoords[:, -1].tolist()])
+        self._add_files(rows, found, lambda pcoords: [str(c) for c in pcoords[:, -1].tolist()])
         return rows
 
-    def _add_files(self, rows: Rows, table: ChunkTable, idx: np.ndarray, names: Callable[[np.ndarray], list[str]]) -> None:
-        pcoords = table.coords[idx][:, list(self.axes)]
-        lin = np.ravel_multi_index(tuple(pcoords.T), self.pgrid) if self.ndim else np.zeros(len(idx), np.int64)
-        m = len(idx)
-        v = table.version
+    def _add_files(self, rows: Rows, found: list[tuple[ChunkTable, np.ndarray]], names: Callable[[np.ndarray], list[str]]) -> None:
+        """Plain files' rows from the chunk tables, all tables at once (a directory spans a few
+        shards; per-table numpy calls cost more than the rows themselves). The files are also
+        handed to the tree's recent listings, so that opening one right after needs no index
+        lookup and no path arithmetic."""
+        if not found:
+            return
+        coords = np.concatenate([t.coords[r] for t, r in found]) if len(found) > 1 else found[0][0].coords[found[0][1]]
+        pcoords = coords[:, list(self.axes)]
+        lin = np.ravel_multi_index(tuple(pcoords.T), self.pgrid) if self.ndim else np.zeros(len(coords), np.int64)
         inos = lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])
+        which = np.repeat(np.arange(len(found)), [len(r) for _, r in found])
+        idx = np.concatenate([r for _, r in found])
         order = np.argsort(inos)
-        sorted_idx = idx[order]
-        self.listed.add(inos[order], lambda i: table.ref(int(sorted_idx[i])))
+        by_ino = (which[order], idx[order], coords[order])
+        make, tables = self.make_file, [t for t, _ in found]
+
+        def listed(ino: int, i: int) -> File:
+            k, row, c = int(by_ino[0][i]), int(by_ino[1][i]), tuple(by_ino[2][i].tolist())
+            return self._made(make(ino, tables[k].ref(row), c), c)
+
+        self.tree.listed.add(inos[order], listed)
         rows.names += names(pcoords)
         rows.inos += inos.tolist()
-        rows.is_dir += [False] * m
-        rows.sizes += table.lengths[idx].tolist()
-        rows.modes += [None if v is None else v.mode] * m
-        rows.mtimes += [None if v is None else v.mtime] * m
+        rows.is_dir += [False] * len(inos)
+        for table, r in found:
+            v = table.version
+            rows.sizes += table.lengths[r].tolist()
+            rows.modes += [None if v is None else v.mode] * len(r)
+            rows.mtimes += [None if v is None else v.mtime] * len(r)
 
     async def top_rows(self) -> Rows:
         """The chunk part of the array directory's listing, for the kernel."""
@@ -223,8 +228,7 @@ class ChunkSpace(InodeRange):
         if layout.nested or not self.plain:
             return Rows.of(await self.top_entries())
         rows = Rows([], [], [], [], [], [])
-        for table, idx in await self.present(()):
-            self._add_files(rows, table, idx, lambda pcoords: [layout.flat_name(tuple(c)) for c in pcoords.tolist()])
+        self._add_files(rows, await self.present(()), lambda pcoords: [layout.flat_name(tuple(c)) for c in pcoords.tolist()])
         return rows
 
     # -- the array directory's own level
