@@ -6,8 +6,10 @@ run, medians.
 Two sharded volumes written by tensorstore, 64**3 chunks:
 - raw uint8 (identity hash, raw data encoding): the stored chunks are the views' chunks
   (pass-through; N5 adds its block header);
-- compressed_segmentation uint64 (blocky labels): every chunk file is decoded once
-  (transcoded) and kept in the decoded cache while it is read.
+- compressed_segmentation uint64 (blocky labels): every chunk file is decoded (transcoded)
+  and kept in the decoded cache while it is read; the last column counts the decodes per
+  chunk file (`zvfs stats`: misses of the decoded-chunk cache), 1.00 when each is decoded
+  exactly once.
 
 `run(runs)` returns the markdown rows under `HEADER`; `python scripts/bench_precomputed.py`
 prints the table.
@@ -15,6 +17,7 @@ prints the table.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -27,7 +30,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 TITLE = ("Precomputed volumes through the array views: every chunk file of one scale (find | xargs cat, fresh mount), "
          "against tensorstore's precomputed driver reading the original, seconds")
-HEADER = ["volume", "view (mode)", "chunk files", "MiB decoded", "zvfs", "tensorstore precomputed", "zvfs/tensorstore"]
+HEADER = ["volume", "view (mode)", "chunk files", "MiB", "zvfs", "tensorstore precomputed", "zvfs/tensorstore",
+          "decodes per file"]
 SHARDING = {"@type": "neuroglancer_uint64_sharded_v1", "hash": "identity", "preshift_bits": 0, "minishard_bits": 3,
             "shard_bits": 2, "minishard_index_encoding": "gzip", "data_encoding": "raw"}
 #: name -> (data type, encoding, volume size, mode in the views)
@@ -77,6 +81,12 @@ def read_view(mnt: Path) -> tuple[float, int]:
     return time.perf_counter() - start, out.stderr.count(b"\0")
 
 
+def decodes(mnt: Path) -> int:
+    """Chunks the mount decoded so far (misses of its decoded-chunk cache, `zvfs stats`)."""
+    out = subprocess.run([sys.executable, "-m", "zvfs", "stats", "--json", str(mnt)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["caches"].get("decoded", {}).get("misses", 0)
+
+
 def run(runs: int, work: Path = Path("/var/tmp/zvfs-bench")) -> list[str]:
     from bench import log, median, mounted
 
@@ -87,14 +97,16 @@ def run(runs: int, work: Path = Path("/var/tmp/zvfs-bench")) -> list[str]:
         write_volume(src, dtype, encoding, size)
         mib = np.prod(size) * np.dtype(dtype).itemsize / (1 << 20)
         for view in ("zarr", "zarr2", "n5"):
-            zvfs, ts_s, files = [], [], 0
+            zvfs, ts_s, files, decoded = [], [], 0, 0
             for _ in range(runs):
                 ts_s.append(tensorstore_read(src))
                 with mounted(src, (f"view={view}",)) as (mnt, _, _):
                     seconds, files = read_view(mnt)
                     zvfs.append(seconds)
+                    decoded = decodes(mnt)
             z, t = median(zvfs), median(ts_s)
-            rows.append(f"| {name} | {view} ({mode}) | {files} | {mib:.0f} | {z:.3f} | {t:.3f} | {z / t:.2f} |")
+            rows.append(f"| {name} | {view} ({mode}) | {files} | {mib:.0f} | {z:.3f} | {t:.3f} | {z / t:.2f} | "
+                        f"{decoded / max(1, files):.2f} |")
     return rows
 
 
