@@ -129,7 +129,8 @@ async def test_array_model_follows_the_info_file(written, sc):
 
 async def test_datasets_without_volume_arrays(tmp_path):
     """Annotations have no array form; skeletons and meshes beside a volume are left out;
-    an encoding without a decoder here is a warning on its array (spec-built info files)."""
+    an encoding without a decoder here, or data its format cannot hold, is a warning on its
+    array (spec-built info files)."""
     (tmp_path / "ann").mkdir()
     (tmp_path / "ann" / "info").write_text(json.dumps({
         "@type": "neuroglancer_annotations_v1", "dimensions": {"x": [1, "nm"]}, "lower_bound": [0], "upper_bound": [10],
@@ -139,14 +140,21 @@ async def test_datasets_without_volume_arrays(tmp_path):
     (tmp_path / "vol" / "info").write_text(json.dumps({
         "@type": "neuroglancer_multiscale_volume", "type": "image", "data_type": "uint8", "num_channels": 3,
         "mesh": "mesh", "skeletons": "skeletons",
-        "scales": [{**scale, "encoding": "jpeg"}, {**scale, "key": "s1", "encoding": "raw"}]}))
-    for sub in ("ann", "vol"):
+        "scales": [{**scale, "encoding": "compresso"}, {**scale, "key": "s1", "encoding": "raw"},
+                   {**scale, "key": "s2", "encoding": "jpeg"}, {**scale, "key": "s3", "encoding": "png"}]}))
+    (tmp_path / "vol2").mkdir()  # jpeg has 1 or 3 channels
+    (tmp_path / "vol2" / "info").write_text(json.dumps({
+        "@type": "neuroglancer_multiscale_volume", "type": "image", "data_type": "uint8", "num_channels": 2,
+        "scales": [{**scale, "encoding": "jpeg"}, {**scale, "key": "s1", "encoding": "png"}]}))
+    for sub in ("ann", "vol", "vol2"):
         store, h, _ = await open_hierarchy(tmp_path / sub)
         try:
             if sub == "ann":
                 assert list(h) == [""] and h[""].children == []
+            elif sub == "vol":
+                assert h[""].children == ["s0", "s1", "s2", "s3"] and sorted(h) == ["", "s0", "s1", "s2", "s3"]
+                assert "compresso" in h["s0"].warning and [h[k].warning for k in ("s1", "s2", "s3")] == [None] * 3
             else:
-                assert h[""].children == ["s0", "s1"] and sorted(h) == ["", "s0", "s1"]
                 assert "jpeg" in h["s0"].warning and h["s1"].warning is None
         finally:
             await store.aclose()
@@ -329,8 +337,8 @@ async def test_gzip_bomb_and_oversized_gz_files(written, tmp_path):
         await store.aclose()
 
 
-async def cs_chunks(written: Path, name: str, key: str):
-    """(ref, stored bytes, decoded bytes) of every stored chunk of a compressed_segmentation scale."""
+async def stored_chunks(written: Path, name: str, key: str):
+    """(ref, stored bytes, decoded bytes) of every stored chunk of a scale."""
     store, h, decoded = await open_hierarchy(written / name)
     try:
         out = []
@@ -348,7 +356,7 @@ async def cs_chunks(written: Path, name: str, key: str):
 async def test_truncated_compressed_segmentation(written, name, key):
     """Every truncation is refused or, where the decoder never reads the lost words, decodes
     to the same chunk: never a crash, never other bytes."""
-    chunks = await cs_chunks(written, name, key)
+    chunks = await stored_chunks(written, name, key)
     refused = 0
     for ref, raw, good in chunks[:6]:
         if name == "pa_u64":
@@ -369,7 +377,7 @@ def _encoded(name: str, cs: bytes) -> bytes:
 
 @pytest.mark.parametrize("name,key", [("pa_u32", "12_12_30"), ("pa_seg2", "1_1_1")])
 async def test_lying_compressed_segmentation_headers(written, name, key):
-    chunks = await cs_chunks(written, name, key)
+    chunks = await stored_chunks(written, name, key)
     ref, raw, good = max(chunks, key=lambda c: len(c[1]))
     words = np.frombuffer(raw, "<u4")
     nch = DATASETS[name].num_channels
@@ -403,6 +411,43 @@ async def test_lying_compressed_segmentation_headers(written, name, key):
         w[at] = int(rng.integers(0, 2**32)) if rng.random() < 0.5 else int(w[at]) ^ (1 << int(rng.integers(0, 32)))
         try:
             out = ref.decode(w.tobytes())
+        except CorruptShardError:
+            continue
+        assert len(out) == len(good)
+
+
+@pytest.mark.parametrize("name,key", [("pa_jpeg", "2_2_1"), ("pa_gray", "1_1_1"), ("pa_png16", "6_6_6")])
+async def test_lying_and_damaged_images(written, name, key):
+    """An image whose header claims another (or a huge) size is refused before decoding; any
+    damage is refused or decodes to a chunk of the right size; memory stays bounded."""
+    ref, raw, good = max(await stored_chunks(written, name, key), key=lambda c: len(c[1]))
+    huge = bytearray(raw)
+    if raw.startswith(b"\x89PNG"):
+        huge[16:24] = struct.pack(">II", 60000, 60000)  # IHDR width, height
+    else:
+        sof = raw.index(b"\xff\xc0")
+        huge[sof + 5 : sof + 9] = struct.pack(">HH", 65000, 65000)  # SOF0 height, width
+    other = bytearray(huge)
+    if raw.startswith(b"\x89PNG"):
+        other[16:24] = raw[20:24] + raw[16:20]  # width and height swapped
+    else:
+        other[sof + 5 : sof + 9] = raw[sof + 7 : sof + 9] + raw[sof + 5 : sof + 7]
+    tracemalloc.start()
+    try:
+        for lie in (bytes(huge), bytes(other), raw[: len(raw) // 2], b"", b"\x00" * 64):
+            with pytest.raises(CorruptShardError):
+                ref.decode(lie)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        b = bytearray(raw)
+        for _ in range(int(rng.integers(1, 4))):
+            b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        try:
+            out = ref.decode(bytes(b))
         except CorruptShardError:
             continue
         assert len(out) == len(good)

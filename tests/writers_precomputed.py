@@ -321,8 +321,9 @@ def cv_open(path: Path, **kw):
 
 
 def array_datasets() -> list[TsDataset]:
-    """Volumes for the array views, every combination issue 14 names: raw and
-    compressed_segmentation; uint8, uint32, uint64 (and a 2-channel uint16); unsharded, sharded
+    """Volumes for the array views, every combination issue 14 names: raw,
+    compressed_segmentation, jpeg and png; uint8, uint32, uint64 (and a 2-channel uint16);
+    unsharded, sharded
     with identity and murmurhash3 hashes, gzip and raw minishard-index and data encodings;
     several scales; sizes that are not multiples of the chunk size; chunks never written."""
     u8 = TsDataset("pa_u8", "image", "uint8", [
@@ -361,11 +362,30 @@ def array_datasets() -> list[TsDataset]:
                 sharding("murmurhash3_x86_128", preshift=0, minishard=1, shard=1, index="gzip", data="raw"),
                 encoding="compressed_segmentation", block_size=(8, 4, 4), zero_cells=((1, 0, 0),)),
     ], num_channels=2)
+    # image encodings (tensorstore writes jpeg with quality 75; both readers decode the same bytes)
+    rgb = TsDataset("pa_jpeg", "image", "uint8", [
+        TsScale("1_1_1", (21, 17, 6), (-3, 0, 2), (8, 8, 4), (1, 1, 1),
+                sharding("murmurhash3_x86_128", preshift=0, minishard=1, shard=1, index="gzip", data="raw"),
+                encoding="jpeg", zero_cells=((1, 1, 0),)),
+        TsScale("2_2_1", (11, 9, 6), (-2, 0, 2), (8, 8, 4), (2, 2, 1), None, encoding="jpeg"),
+    ], num_channels=3)
+    gray = TsDataset("pa_gray", "image", "uint8", [
+        TsScale("1_1_1", (20, 13, 7), (0, 0, 0), (8, 8, 4), (1, 1, 1), None, encoding="jpeg", zero_cells=((0, 0, 0),)),
+        TsScale("2_2_2", (10, 7, 4), (0, 0, 0), (4, 4, 4), (2, 2, 2),
+                sharding("identity", preshift=0, minishard=1, shard=1, index="raw", data="gzip"), encoding="png"),
+    ])
+    png16 = TsDataset("pa_png16", "image", "uint16", [
+        TsScale("3_3_3", (13, 10, 5), (0, 0, 0), (8, 4, 4), (3, 3, 3),
+                sharding("identity", preshift=1, minishard=1, shard=1, index="gzip", data="gzip"),
+                encoding="png", zero_cells=((1, 2, 1),)),
+        TsScale("6_6_6", (7, 5, 3), (0, 0, 0), (4, 4, 2), (6, 6, 6), None, encoding="png"),
+    ], num_channels=2)
     rng = np.random.default_rng(2026)
-    for ds in (u8, u32, u64, u16, seg2):
+    out = [u8, u32, u64, u16, seg2, rgb, gray, png16]
+    for ds in out:
         for s in ds.scales:
             ds.data.append(_fill(rng, ds, s))
-    return [u8, u32, u64, u16, seg2]
+    return out
 
 
 def _fill(rng, ds: TsDataset, s: TsScale) -> np.ndarray:

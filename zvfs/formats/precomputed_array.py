@@ -8,8 +8,9 @@ shard data encoding or no sharding) passes through as stored. Edge chunks are st
 to the volume (`cropped_edges`); the views pad them (Zarr) or keep them (N5).
 
 Everything else gets one decode step, whose output is the raw chunk, cropped to the volume:
-gzip (`data_encoding: gzip` in shards, `<name>.gz` files of unsharded scales) and
-compressed_segmentation (the `compressed-segmentation` package). Every step is bounded by
+gzip (`data_encoding: gzip` in shards, `<name>.gz` files of unsharded scales),
+compressed_segmentation (the `compressed-segmentation` package), jpeg and png (imagecodecs,
+decoding into an array of the chunk's shape). Every step is bounded by
 the chunk's shape: a stored chunk longer than its shape allows, a gzip stream that decodes
 past the chunk's size, a result of the wrong size, or a compressed_segmentation chunk whose
 offsets point outside it, is a CorruptShardError (EIO for that chunk file). The
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import compressed_segmentation
+import imagecodecs
 import numpy as np
 
 from ..errors import CorruptShardError
@@ -53,7 +55,9 @@ DIMENSION_NAMES = ("x", "y", "z", "channel")
 RAW_CODECS = [{"name": "transpose", "configuration": {"order": [3, 2, 1, 0]}},
               {"name": "bytes", "configuration": {"endian": "little"}}]
 DATA_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64")
-DECODED_ENCODINGS = ("raw", "compressed_segmentation")
+DECODED_ENCODINGS = ("raw", "compressed_segmentation", "jpeg", "png")
+#: image encodings: decoder, the data types and channel counts the format has
+IMAGES = {"jpeg": (imagecodecs.jpeg8_decode, ("uint8",), (1, 3)), "png": (imagecodecs.png_decode, ("uint8", "uint16"), (1, 2, 3, 4))}
 
 
 # --------------------------------------------------------------------------- the hierarchy
@@ -117,6 +121,8 @@ def scale_array(store: Store, info: dict, scale: VolumeScale, meta: dict, first_
             warning = f"compressed_segmentation of {data_type} (only uint32 and uint64 exist)"
         elif not (isinstance(block, list) and len(block) == 3 and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 2**12 for b in block)):
             warning = f"compressed_segmentation_block_size {block!r} is not 3 positive integers"
+    elif encoding in IMAGES and (data_type not in IMAGES[encoding][1] or channels not in IMAGES[encoding][2]):
+        warning = f"{encoding} chunks of {channels} x {data_type} do not exist"
     resolution = _resolution(meta)
     chunks = VolumeChunks(store, scale, np.dtype(data_type).newbyteorder("<"), channels, encoding,
                           tuple(block) if encoding == "compressed_segmentation" and warning is None else None, cache)
@@ -226,6 +232,9 @@ class VolumeChunks:
         unzip = (lambda data: gunzip(data, "chunk data", key, limit)) if gz else bytes
         if self.encoding == "raw":
             return lambda data: _exact(unzip(data), expected, key)
+        if self.encoding in IMAGES:
+            encoding, dtype, channels = self.encoding, self.dtype, self.channels
+            return lambda data: decode_image(unzip(data), encoding, extent, channels, dtype, key)
         block, dtype, channels = self.block_size, self.dtype, self.channels
         return lambda data: decode_compressed_segmentation(unzip(data), extent, channels, dtype, block, key)  # type: ignore[arg-type]
 
@@ -375,3 +384,22 @@ def decode_compressed_segmentation(data: bytes, extent: tuple[int, int, int], ch
     check_compressed_segmentation(data, extent, channels, dtype.itemsize, block_size, key)
     out = compressed_segmentation.decompress(bytes(data), (*extent, channels), dtype.newbyteorder("="), block_size, order="F")
     return out.astype(dtype, copy=False).tobytes(order="F")
+
+
+# --------------------------------------------------------------------------- jpeg, png
+
+
+def decode_image(data: bytes, encoding: str, extent: tuple[int, int, int], channels: int, dtype: np.dtype, key: str) -> bytes:
+    """The raw chunk of a jpeg or png chunk: one image `x` wide and `y * z` high (rows in z,
+    y order), channels interleaved. The decoder writes into an array of exactly that shape
+    and type, refusing any other image before decoding (imagecodecs checks `out` against
+    the header): a lying header cannot make it allocate."""
+    ex, ey, ez = extent
+    out = np.empty((ey * ez, ex, channels), dtype=dtype.newbyteorder("="))
+    try:
+        image = IMAGES[encoding][0](data, out=out)
+    except Exception as e:  # the codecs' own error types (and ValueError for another shape)
+        err = CorruptShardError(key, f"{encoding} chunk: {e}")
+        log.warning("%s", err)
+        raise err from None
+    return image.reshape(ez, ey, ex, channels).transpose(3, 0, 1, 2).astype(dtype, copy=False).tobytes()
