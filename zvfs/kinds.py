@@ -14,7 +14,6 @@ all refuses an array view (one line).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Awaitable, Callable
@@ -22,6 +21,7 @@ from typing import Any, Awaitable, Callable
 from .errors import MetadataError
 from .formats import precomputed, precomputed_array, zarr3, zvf
 from .formats.array import ArrayModel, Hierarchy
+from .formats.jsonfile import parse_json_object
 from .storage import Store
 from .storage.cache import CoalescingCache
 from .tree import Tree
@@ -96,10 +96,9 @@ async def _zarr_root_attributes(probe: Probe) -> dict | None:
     if raw is None:
         return None
     try:
-        meta = json.loads(raw)
-    except ValueError:
+        attrs = parse_json_object(raw, zarr3.META).get("attributes")
+    except MetadataError:
         return {}  # not ours to judge here: the loader names the problem
-    attrs = meta.get("attributes") if isinstance(meta, dict) else None
     return attrs if isinstance(attrs, dict) else {}
 
 
