@@ -24,7 +24,7 @@ import writers_precomputed as wp
 pytestmark = pytest.mark.mount
 
 DATASETS = {ds.name: ds for ds in wp.array_datasets()}
-SCALES = [(name, i) for name, ds in DATASETS.items() for i in range(len(ds.scales))]
+SCALES = wp.scales_of(DATASETS)
 VIEWS = ("zarr", "zarr2", "n5")
 DRIVER = {"zarr": "zarr3", "zarr2": "zarr", "n5": "n5"}
 #: the metadata file of an array, and where its user attributes are, per view
@@ -39,10 +39,7 @@ def scale_id(v) -> str:
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pa-views")
-    for ds in DATASETS.values():
-        wp.write_ts_dataset(root / ds.name, ds)
-    return root
+    return wp.write_datasets(tmp_path_factory.mktemp("pa-views"), DATASETS)
 
 
 @pytest.fixture(scope="module")

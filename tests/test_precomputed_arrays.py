@@ -35,7 +35,7 @@ from zvfs.storage.local import LocalStore  # noqa: E402
 from zvfs.tree import RangeFile  # noqa: E402
 
 DATASETS = {ds.name: ds for ds in wp.array_datasets()}
-SCALES = [(name, i) for name, ds in DATASETS.items() for i in range(len(ds.scales))]
+SCALES = wp.scales_of(DATASETS)
 
 
 def scale_id(v) -> str:
@@ -44,10 +44,7 @@ def scale_id(v) -> str:
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pa")
-    for ds in DATASETS.values():
-        wp.write_ts_dataset(root / ds.name, ds)
-    return root
+    return wp.write_datasets(tmp_path_factory.mktemp("pa"), DATASETS)
 
 
 @pytest.fixture(scope="module")

@@ -388,6 +388,18 @@ def array_datasets() -> list[TsDataset]:
     return out
 
 
+def scales_of(datasets: dict[str, TsDataset]) -> list[tuple[str, int]]:
+    """(dataset name, scale index) of every scale, for parametrizing."""
+    return [(name, i) for name, ds in datasets.items() for i in range(len(ds.scales))]
+
+
+def write_datasets(root: Path, datasets: dict[str, TsDataset]) -> Path:
+    """Every dataset under `root/<name>`."""
+    for ds in datasets.values():
+        write_ts_dataset(root / ds.name, ds)
+    return root
+
+
 def _fill(rng, ds: TsDataset, s: TsScale) -> np.ndarray:
     shape = (*s.size, ds.num_channels)
     dtype = np.dtype(ds.dtype)

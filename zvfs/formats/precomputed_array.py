@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import CorruptShardError
 from ..storage.base import Store, Version
 from ..storage.cache import CoalescingCache
+from ..storage.gather import gather
 from .array import ArrayModel, GroupModel, Hierarchy
 from .chunkref import ChunkRef
 from .precomputed import INFO, Dataset, ShardedKV, VolumeScale, gunzip, morton_bits, morton_decode, morton_encode, parse_scales, volume_chunk_limit
@@ -246,15 +247,15 @@ class VolumeChunks:
         filtered by `fixed`: any shard can hold any cell under a hash."""
         if self.kv is None:
             return [await self.cache.get(("pcfiles", self.scale.key), self._file_table)]
-        kv = self.kv
-        out = []
-        for shard in await kv.shards():
-            si = await kv.current_index(shard)
-            if si is None:
-                continue
-            tag = None if si.version is None else si.version.tag
-            out.append(await self.cache.get(("pctable", self.scale.key, shard, tag), lambda shard=shard: self._shard_table(shard)))
-        return out
+        found = await gather(lambda shard=shard: self._current_table(shard) for shard in await self.kv.shards())
+        return [t for t in found if t is not None]
+
+    async def _current_table(self, shard: int) -> VolumeTable | None:
+        si = await self.kv.current_index(shard)  # type: ignore[union-attr]
+        if si is None:
+            return None
+        tag = None if si.version is None else si.version.tag
+        return await self.cache.get(("pctable", self.scale.key, shard, tag), lambda: self._shard_table(shard))
 
     async def _shard_table(self, shard: int) -> VolumeTable:
         si, entries = await self.kv.shard_entries(shard) or (None, None)  # type: ignore[union-attr]
