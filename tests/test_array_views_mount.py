@@ -1,7 +1,7 @@
 """Neuroglancer precomputed volumes through the Zarr v3, Zarr v2 and N5 views, real mounts.
 
-Fixtures: tensorstore writes every volume (writers_precomputed.array_datasets: raw and
-compressed_segmentation, uint8/uint16x2/uint32/uint64, unsharded and sharded with identity
+Fixtures: tensorstore writes every volume (writers_precomputed.array_datasets: raw,
+compressed_segmentation, jpeg and png, uint8/uint16x2/uint32/uint64, unsharded and sharded with identity
 and murmurhash3 hashes, gzip and raw minishard/data encodings, partial edge chunks, chunks
 never written); cloud-volume writes a segmentation with sharded skeletons and meshes.
 Readers: tensorstore's zarr3 / zarr / n5 drivers reading the mount, compared with its

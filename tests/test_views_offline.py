@@ -3,8 +3,8 @@ into a directory, then read by independent readers and compared with what they r
 original (or with the data the writer was given).
 
 - Neuroglancer precomputed volumes (tensorstore writes them; writers_precomputed.array_datasets:
-  raw and compressed_segmentation, uint8/uint16x2/uint32/uint64, unsharded and sharded with
-  both hashes and gzip/raw encodings, partial edge chunks, chunks never written) in the Zarr
+  raw, compressed_segmentation, jpeg and png, uint8/uint16x2/uint32/uint64, unsharded and
+  sharded with both hashes and gzip/raw encodings, partial edge chunks, chunks never written) in the Zarr
   v3, Zarr v2 and N5 views: tensorstore's zarr3 / zarr / n5 drivers reading the copy equal its
   neuroglancer_precomputed driver reading the original, scale by scale, in the same index order
   (x, y, z, channel).
@@ -98,7 +98,7 @@ def test_precomputed_volumes_in_the_array_views(pa, tmp_path, name, view):
     driver = {"zarr": "zarr3", "zarr2": "zarr", "n5": "n5"}[view]
     for scale, data in zip(ds.scales, ds.data):
         want = np.asarray(W.ts_open(root, scale.key).read().result())
-        assert np.array_equal(want, data), f"{scale.key}: fixture is not what was written"
+        assert scale.encoding == "jpeg" or np.array_equal(want, data), f"{scale.key}: fixture is not what was written"
         t, got = ts_read(driver, copy / scale.key)
         assert_same_array(got, want, f"{name}/{scale.key} via {driver}")
         if view == "zarr2":
