@@ -195,14 +195,19 @@ async def _open_view(root: Path, view: str):
     await src.store.aclose()
 
 
-def test_annotation_dataset_refuses_array_views(tmp_path):
-    root = tmp_path / "ann"
+def annotation_dataset(root: Path) -> Path:
+    """The smallest annotation dataset: an info with an (empty) index by id."""
     root.mkdir()
     (root / "info").write_text(json.dumps({
         "@type": "neuroglancer_annotations_v1", "annotation_type": "POINT",
         "dimensions": {"x": [1, "nm"], "y": [1, "nm"], "z": [1, "nm"]},
         "lower_bound": [0, 0, 0], "upper_bound": [10, 10, 10], "properties": [], "relationships": [],
         "by_id": {"key": "by_id"}, "spatial": []}))
+    return root
+
+
+def test_annotation_dataset_refuses_array_views(tmp_path):
+    root = annotation_dataset(tmp_path / "ann")
     for view in ARRAY_VIEWS:
         with pytest.raises(MetadataError) as e:
             trio.run(_open_view, root, view)
