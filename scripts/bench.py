@@ -14,6 +14,9 @@ baselines, with configurations alternated, and reported as a ratio (the machine 
   fetched per chunk (nginx's log), side by side.
 - views: blocks per second through the Zarr v3, Zarr v2 and N5 views (pass-through and
   transcoded N5 blocks).
+- precomputed: precomputed volumes (raw: pass-through; compressed_segmentation: transcoded)
+  through the Zarr v3, Zarr v2 and N5 views against tensorstore's precomputed driver
+  (scripts/bench_precomputed.py).
 - RSS peak of the daemon for each mounted run.
 """
 
@@ -450,6 +453,19 @@ def fmt_views(r, rows):
             f"{base['seconds'] / r['seconds']:.2f} |")
 
 
+def bench_precomputed(work: Path, runs: int, quick: bool) -> list[dict]:
+    """Precomputed volumes through the array views (scripts/bench_precomputed.py)."""
+    import bench_precomputed
+
+    return [{"section": "precomputed", "row": row} for row in bench_precomputed.run(runs, work)]
+
+
+def _precomputed_header() -> tuple[str, list[str]]:
+    import bench_precomputed
+
+    return bench_precomputed.TITLE, bench_precomputed.HEADER
+
+
 #: name -> (title, table header, benchmark, row formatter)
 SECTIONS = {
     "local": ("Reading every chunk file (find | xargs cat), seconds; ratios zvfs/floor and zvfs/ext4",
@@ -469,6 +485,7 @@ SECTIONS = {
            ["workers", "reader", "chunks/s", "bytes fetched / chunk"], bench_ml, fmt_ml),
     "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
               ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
+    "precomputed": (*_precomputed_header(), bench_precomputed, lambda r, rows: r["row"]),
 }
 
 
@@ -476,7 +493,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--runs", type=int, default=5, help="repetitions per figure (median)")
-    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views")
+    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views,precomputed")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()

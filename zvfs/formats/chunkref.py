@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..storage.base import Version
@@ -12,7 +12,9 @@ from ..storage.base import Version
 class ChunkRef:
     """Bytes `[offset, offset+length)` of store key `key`, passed through `decode` if set.
     Never changed once made (not `frozen`: a frozen dataclass's constructor cost 0.65 µs
-    against 0.23, and one is made per chunk file opened).
+    against 0.23, and one is made per chunk file opened). Two refs are the same chunk when
+    they name the same bytes of the same version: the decode step is not compared (it is
+    rebuilt per lookup, and comparing it made every reopen drop the kernel's cached pages).
 
     `decode` is None for pass-through chunks (the common case: the bytes of the inner chunk are
     exactly the bytes of the unsharded chunk file, and the file size is `length`).
@@ -23,5 +25,5 @@ class ChunkRef:
     key: str
     offset: int
     length: int
-    decode: Callable[[bytes], bytes] | None = None
+    decode: Callable[[bytes], bytes] | None = field(default=None, compare=False)  # a new closure per lookup
     version: Version | None = None
