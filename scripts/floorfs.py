@@ -52,7 +52,7 @@ class FloorFS(pyfuse3.Operations):
             a.st_mode, a.st_nlink, a.st_size = stat.S_IFDIR | 0o555, 2, 0
         else:
             a.st_mode, a.st_nlink, a.st_size = stat.S_IFREG | 0o444, 1, self.files[ino][1]
-        a.st_blksize = 1 << 20
+        a.st_blksize = 1 << 17  # as zvfs (fuse_ops.BLKSIZE)
         a.entry_timeout = a.attr_timeout = TIMEOUT
         return a
 

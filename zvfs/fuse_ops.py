@@ -37,6 +37,10 @@ log = logging.getLogger("zvfs.fuse")
 TIMEOUT = 24 * 3600.0  # seconds the kernel may cache entries and attributes
 STATS_FILE, REFRESH_FILE = ".zvfs.stats", ".zvfs.refresh"
 #: inode numbers of the control files: the top of the inode space, never used by the tree
+#: the I/O size shown to readers. 128 KiB, not 1 MiB: with 1 MiB, coreutils `cat` maps a
+#: fresh 1 MiB buffer per file (66,045 page faults against 8,707 for 256 files of 1 MiB) and
+#: reads them 18% slower; the kernel's requests are 1 MiB either way (read_ahead_kb 1024)
+BLKSIZE = 1 << 17
 CONTROL_INOS = {STATS_FILE: 2**63 - 2, REFRESH_FILE: 2**63 - 1}
 
 
@@ -159,7 +163,7 @@ class ZvfsOperations(pyfuse3.Operations):
             a.st_size = size
         a.st_uid = self.uid
         a.st_gid = self.gid
-        a.st_blksize = 1 << 20
+        a.st_blksize = BLKSIZE
         a.st_blocks = (a.st_size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if mtime is None else int(mtime * 1e9)
         a.entry_timeout = TIMEOUT
@@ -220,7 +224,7 @@ class ZvfsOperations(pyfuse3.Operations):
             rows = await node.rows()
             self._dirs[fh] = (node, rows)
         a = pyfuse3.EntryAttributes()
-        a.st_uid, a.st_gid, a.st_blksize = self.uid, self.gid, 1 << 20
+        a.st_uid, a.st_gid, a.st_blksize = self.uid, self.gid, BLKSIZE
         a.entry_timeout, a.generation = TIMEOUT, 0
         perm, stamp = self._perm, self.stamp_ns
         names, inos, dirs, sizes, modes, mtimes = rows.names, rows.inos, rows.is_dir, rows.sizes, rows.modes, rows.mtimes
