@@ -39,6 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from servers import DelayProxy, Nginx  # noqa: E402
 
+import bench_precomputed as precomputed_bench  # noqa: E402  (scripts/, beside this file)
+
 PY = sys.executable
 ZVFS = [PY, "-m", "zvfs"]
 
@@ -455,15 +457,7 @@ def fmt_views(r, rows):
 
 def bench_precomputed(work: Path, runs: int, quick: bool) -> list[dict]:
     """Precomputed volumes through the array views (scripts/bench_precomputed.py)."""
-    import bench_precomputed
-
-    return [{"section": "precomputed", "row": row} for row in bench_precomputed.run(runs, work)]
-
-
-def _precomputed_header() -> tuple[str, list[str]]:
-    import bench_precomputed
-
-    return bench_precomputed.TITLE, bench_precomputed.HEADER
+    return [{"section": "precomputed", "row": row} for row in precomputed_bench.run(runs, work)]
 
 
 #: name -> (title, table header, benchmark, row formatter)
@@ -485,7 +479,7 @@ SECTIONS = {
            ["workers", "reader", "chunks/s", "bytes fetched / chunk"], bench_ml, fmt_ml),
     "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
               ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
-    "precomputed": (*_precomputed_header(), bench_precomputed, lambda r, rows: r["row"]),
+    "precomputed": (precomputed_bench.TITLE, precomputed_bench.HEADER, bench_precomputed, lambda r, rows: r["row"]),
 }
 
 

@@ -25,16 +25,13 @@ pytestmark = pytest.mark.mount
 
 DATASETS = {ds.name: ds for ds in wp.array_datasets()}
 SCALES = wp.scales_of(DATASETS)
+SCALE_IDS = wp.scale_ids(DATASETS)
 VIEWS = ("zarr", "zarr2", "n5")
 DRIVER = {"zarr": "zarr3", "zarr2": "zarr", "n5": "n5"}
 #: the metadata file of an array, and where its user attributes are, per view
 ATTRS = {"zarr": ("zarr.json", lambda m: m["attributes"]), "zarr2": (".zattrs", lambda m: m),
          "n5": ("attributes.json", lambda m: m)}
 META_NAMES = {"zarr.json", ".zarray", ".zattrs", ".zgroup", "attributes.json"}
-
-
-def scale_id(v) -> str:
-    return f"{v[0]}:{DATASETS[v[0]].scales[v[1]].key}"
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +72,7 @@ def chunk_files(array_dir: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("view", VIEWS)
-@pytest.mark.parametrize("sc", SCALES, ids=scale_id)
+@pytest.mark.parametrize("sc", SCALES, ids=SCALE_IDS)
 def test_view_reads_like_the_precomputed_driver(written, mounts, sc, view):
     name, i = sc
     ds, scale = DATASETS[name], DATASETS[name].scales[i]

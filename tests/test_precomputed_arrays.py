@@ -36,10 +36,7 @@ from zvfs.tree import RangeFile  # noqa: E402
 
 DATASETS = {ds.name: ds for ds in wp.array_datasets()}
 SCALES = wp.scales_of(DATASETS)
-
-
-def scale_id(v) -> str:
-    return f"{v[0]}:{DATASETS[v[0]].scales[v[1]].key}"
+SCALE_IDS = wp.scale_ids(DATASETS)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +93,7 @@ async def test_hierarchy_has_one_array_per_scale(written):
             await store.aclose()
 
 
-@pytest.mark.parametrize("sc", SCALES, ids=scale_id)
+@pytest.mark.parametrize("sc", SCALES, ids=SCALE_IDS)
 async def test_array_model_follows_the_info_file(written, sc):
     name, i = sc
     ds = DATASETS[name]
@@ -161,7 +158,7 @@ async def test_datasets_without_volume_arrays(tmp_path):
 # every chunk, every listing
 
 
-@pytest.mark.parametrize("sc", SCALES, ids=scale_id)
+@pytest.mark.parametrize("sc", SCALES, ids=SCALE_IDS)
 async def test_every_chunk_equals_tensorstore(written, sc):
     name, i = sc
     ds, scale = DATASETS[name], DATASETS[name].scales[i]
@@ -191,7 +188,7 @@ async def test_every_chunk_equals_tensorstore(written, sc):
         await store.aclose()
 
 
-@pytest.mark.parametrize("sc", SCALES, ids=scale_id)
+@pytest.mark.parametrize("sc", SCALES, ids=SCALE_IDS)
 async def test_listings_hold_exactly_the_written_chunks(written, sc):
     name, i = sc
     ds, scale = DATASETS[name], DATASETS[name].scales[i]

@@ -393,6 +393,11 @@ def scales_of(datasets: dict[str, TsDataset]) -> list[tuple[str, int]]:
     return [(name, i) for name, ds in datasets.items() for i in range(len(ds.scales))]
 
 
+def scale_ids(datasets: dict[str, TsDataset]) -> list[str]:
+    """Test ids of `scales_of(datasets)`: dataset name and scale key."""
+    return [f"{name}:{datasets[name].scales[i].key}" for name, i in scales_of(datasets)]
+
+
 def write_datasets(root: Path, datasets: dict[str, TsDataset]) -> Path:
     """Every dataset under `root/<name>`."""
     for ds in datasets.values():

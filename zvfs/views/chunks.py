@@ -198,7 +198,7 @@ class ChunkSpace(InodeRange):
         lookup and no path arithmetic."""
         if not found:
             return
-        coords = np.concatenate([t.coords[r] for t, r in found]) if len(found) > 1 else found[0][0].coords[found[0][1]]
+        coords = np.concatenate([t.coords[r] for t, r in found])
         pcoords = coords[:, list(self.axes)]
         lin = np.ravel_multi_index(tuple(pcoords.T), self.pgrid) if self.ndim else np.zeros(len(coords), np.int64)
         inos = lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])
