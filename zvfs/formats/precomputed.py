@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError
 from ..storage.base import Store, Version
-from ..storage.cache import CoalescingCache, drop_if_changed
+from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .chunkref import ChunkRef
 from .jsonfile import parse_json_object
@@ -170,16 +170,17 @@ class ShardedKV:
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
-    async def _shard_index(self, shard: int, fresh: bool = False) -> "_ShardIndex | None":
+    async def _shard_index(self, shard: int, max_age: float | None = None) -> "_ShardIndex | None":
         """(data key, data offset shift, index array, version) of a shard; None if it does not
-        exist. `fresh`: first check that the shard did not change since its index was read.
+        exist. With `max_age`: first check that the shard did not change since its index was
+        read (unless that was checked less than `max_age` seconds ago; 0: always).
 
         Offsets in minishard indexes count from the start of the `.shard` file; for the
         obsolete `.index` + `.data` pair they are shifted onto the `.data` file (whose changes
         are not tracked: that pair predates writers that rewrite in place)."""
         ck = ("ngshard", self.prefix, shard)
-        if fresh:
-            await drop_if_changed(self.cache, ck, self.store, self._key(f"{self.spec.shard_name(shard)}.shard"))
+        if max_age is not None:
+            await drop_if_changed(self.cache, ck, self.store, self._key(f"{self.spec.shard_name(shard)}.shard"), max_age)
         return await self.cache.get(ck, lambda: self._load_shard_index(shard))
 
     async def _load_shard_index(self, shard: int):
@@ -205,7 +206,7 @@ class ShardedKV:
         return _ShardIndex(key, shift, index, version)
 
     async def _minishard(self, shard: int, minishard: int, fresh: bool = False) -> tuple["_ShardIndex", Minishard] | None:
-        si = await self._shard_index(shard, fresh)
+        si = await self._shard_index(shard, 0.0 if fresh else None)
         if si is None:
             return None
         start, end = (int(v) for v in si.index[minishard])
@@ -290,10 +291,10 @@ class ShardedKV:
         return sorted(found - {None})  # type: ignore[operator]
 
     async def current_index(self, shard: int) -> "_ShardIndex | None":
-        """The shard's index, checked against its current version; None for a missing or
-        corrupt shard."""
+        """The shard's index, checked against its current version (within the last
+        `LISTING_MAX_AGE`: listings use it); None for a missing or corrupt shard."""
         try:
-            return await self._shard_index(shard, fresh=True)
+            return await self._shard_index(shard, LISTING_MAX_AGE)
         except CorruptShardError:
             return None
 
