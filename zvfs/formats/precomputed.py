@@ -29,6 +29,7 @@ from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageErro
 from ..storage.base import Store, Version
 from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
+from .array import distinct
 from .chunkref import ChunkRef
 from .jsonfile import parse_json_object
 
@@ -324,7 +325,7 @@ class ShardedKV:
 
     async def all_ids(self) -> np.ndarray:
         ids = await gather(lambda s=s: self.ids_in_shard(s) for s in await self.shards())
-        return np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.uint64)
+        return distinct(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.uint64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.array import ChunkSource, ChunkTableLike as ChunkTable
+from ..formats.array import ChunkSource, ChunkTableLike as ChunkTable, distinct
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, parse_coord
 from ..tree import Dir, File, InodeRange, Node, Rows, Tree, grid_block_sizes
@@ -171,7 +171,7 @@ class ChunkSpace(InodeRange):
         if d + 1 == self.ndim:
             return self._files(found, lambda coords, p: str(p[-1]))
         axis = self.axes[d]
-        values = np.unique(np.concatenate([t.coords[rows, axis] for t, rows in found])).tolist() if found else []
+        values = distinct(np.concatenate([t.coords[rows, axis] for t, rows in found])).tolist() if found else []
         return [(str(i), ChunkDir(self.ino_of((*path, i)), self, (*path, i))) for i in values]
 
     async def rows(self, path: tuple[int, ...]) -> Rows:
@@ -184,7 +184,7 @@ class ChunkSpace(InodeRange):
         rows = Rows([], [], [], [], [], [])
         if d + 1 < self.ndim:  # directories: the distinct coordinates of the next axis
             axis = self.axes[d]
-            values = np.unique(np.concatenate([t.coords[r, axis] for t, r in found])).tolist() if found else []
+            values = distinct(np.concatenate([t.coords[r, axis] for t, r in found])).tolist() if found else []
             for v in values:
                 rows.add(str(v), self.ino_of((*path, v)), True, 0, None, None)
             return rows
