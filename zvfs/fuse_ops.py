@@ -42,6 +42,8 @@ STATS_FILE, REFRESH_FILE = ".zvfs.stats", ".zvfs.refresh"
 #: reads them 18% slower; the kernel's requests are 1 MiB either way (read_ahead_kb 1024)
 BLKSIZE = 1 << 17
 CONTROL_INOS = {STATS_FILE: 2**63 - 2, REFRESH_FILE: 2**63 - 1}
+_CONTROL = frozenset(CONTROL_INOS.values())
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 
 
 @dataclass
@@ -197,7 +199,7 @@ class ZvfsOperations(pyfuse3.Operations):
 
     @guarded
     async def getattr(self, inode, ctx=None):
-        if inode in CONTROL_INOS.values():
+        if inode in _CONTROL:
             return self._control_attrs(inode)
         return await self._attrs(await self._node(inode))
 
@@ -250,12 +252,14 @@ class ZvfsOperations(pyfuse3.Operations):
         """Hot path (once per file): no decorator frame, the node usually comes from the
         tree's recent table. Never direct I/O: it would be ~25% faster for 1 MiB files, but
         mmap of a direct-I/O FUSE file fails (ENODEV), and readers that mmap chunks must work."""
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+        if flags & _WRITING:
             raise pyfuse3.FUSEError(errno.EROFS)
-        if inode in CONTROL_INOS.values():
-            return self._open_control(inode)
         try:
-            node = await self._node(inode)
+            node = self.tree.known(inode)
+            if node is None:
+                if inode in _CONTROL:
+                    return self._open_control(inode)
+                node = await self._node(inode)
             if node.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             file, changed = await node.revalidate()  # type: ignore[union-attr]
@@ -285,12 +289,13 @@ class ZvfsOperations(pyfuse3.Operations):
             log.debug("cannot invalidate inode %d: %s", inode, e)
 
     async def read(self, fh, off, size):
-        """Hot path: no decorator frame."""
+        """Hot path: no decorator frame. The bytes may be a view of the store's scratch buffer
+        (no copy in Python): pyfuse3 replies with them before anything else runs."""
         handle = self._open.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         try:
-            data = await handle.node.read(off, size)
+            data = await handle.node.read_for_reply(off, size)
         except ShardChanged as e:
             data = await self._reread(handle, off, size, e)
         except Exception as e:  # noqa: BLE001 - the daemon must outlive any input

@@ -73,6 +73,11 @@ class File(Node):
     async def read(self, offset: int, size: int) -> bytes:
         raise NotImplementedError
 
+    async def read_for_reply(self, offset: int, size: int) -> bytes | memoryview:
+        """`read`, for a caller done with the result before it next awaits (the FUSE reply):
+        it may be a view of a store's buffer (`Store.read_now`)."""
+        return await self.read(offset, size)
+
 
 @dataclass(slots=True)
 class Rows:
@@ -162,7 +167,8 @@ class RangeFile(File):
     __slots__ = ("store", "ref", "decoded", "fresh")
 
     def __init__(self, ino: int, store: Store, ref: ChunkRef, decoded: CoalescingCache | None = None):
-        super().__init__(ino)
+        self.ino = ino  # (File.__init__'s two assignments without its two calls: one per open)
+        self.relocate = None
         self.store = store
         self.ref = ref
         self.decoded = decoded
@@ -205,6 +211,15 @@ class RangeFile(File):
 
     def known_size(self) -> int | None:
         return self.ref.length if self.ref.decode is None else None
+
+    async def read_for_reply(self, offset: int, size: int) -> bytes | memoryview:
+        ref = self.ref
+        n = min(size, ref.length - offset)
+        if ref.decode is None and n > 0:
+            data = self.store.read_now(ref.key, ref.offset + offset, n, ref.version)
+            if data is not None:
+                return data
+        return await self.read(offset, size)
 
     async def read(self, offset: int, size: int) -> bytes:
         ref = self.ref
@@ -554,8 +569,12 @@ class Tree:
         if len(self._recent) > RECENT:
             self._recent.popitem(last=False)
 
+    def known(self, ino: int) -> Node | None:
+        """The node numbered `ino` if it needs no I/O to find: interned, recent or just listed."""
+        return self._nodes.get(ino) or self._recent.get(ino) or self.listed.get(ino)
+
     async def node(self, ino: int) -> Node | None:
-        node = self._nodes.get(ino) or self._recent.get(ino) or self.listed.get(ino)
+        node = self.known(ino)
         if node is not None:
             return node
         i = bisect.bisect_right(self._range_starts, ino) - 1

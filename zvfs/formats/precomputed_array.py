@@ -163,7 +163,7 @@ class VolumeTable:
 
     def ref(self, i: int) -> ChunkRef:
         key = self.key if self.keys is None else self.keys[i]
-        return self.source.ref(tuple(self.coords[i, :3].tolist()), key, int(self.offsets[i]), int(self.lengths[i]),  # type: ignore[arg-type]
+        return self.source.ref(tuple(self.coords[i, :3].tolist()), key, self.offsets.item(i), self.lengths.item(i),  # type: ignore[arg-type]
                                bool(self.gzip[i]), self.version)
 
 

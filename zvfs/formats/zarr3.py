@@ -375,7 +375,7 @@ class ChunkTable:
 
     def ref(self, i: int) -> ChunkRef:
         key = self.key if self.keys is None else self.keys[i]
-        return ChunkRef(key, int(self.offsets[i]), int(self.lengths[i]), version=self.version)
+        return ChunkRef(key, self.offsets.item(i), self.lengths.item(i), None, self.version)  # item(): a Python int
 
 
 def _empty_table(ndim: int, key: str | None = None) -> ChunkTable:

@@ -63,6 +63,14 @@ class Store(abc.ABC):
         replace leaves the old file readable through it).
         """
 
+    def read_now(self, key: str, start: int, length: int, expect: Version | None = None) -> "bytes | memoryview | None":
+        """What `read` would return for this exact range, if it is at hand without waiting
+        (locally: an open shard whose pages are cached), else None; raises like `read`. The
+        result may be a view of a buffer that the store's next read overwrites: only for
+        callers that are done with it before they next await (the FUSE reply, which pyfuse3
+        copies out at once: no copy of the chunk in Python)."""
+        return None
+
     @abc.abstractmethod
     async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
         """Like `read` (exact range, no read-ahead), plus the version the bytes were read from

@@ -439,9 +439,10 @@ class LocalStore(Store):
 
     # -- reads ---------------------------------------------------------------------------
 
-    def _pread_cached(self, o: _Open, off: int, n: int) -> bytes | None:
+    def _pread_cached(self, o: _Open, off: int, n: int) -> bytes | memoryview | None:
         """`n` bytes at `off` if the page cache holds them (a short result at the end of the
-        file); None when the data needs a disk read or RWF_NOWAIT is not supported."""
+        file), as a view of the scratch buffer (valid until the next read); None when the data
+        needs a disk read or RWF_NOWAIT is not supported."""
         if o.memory:
             return os.pread(o.fd, n, off)
         # FUSE reads are at most 1 MiB (the kernel sends 256 KiB pieces with the mount's larger
@@ -463,7 +464,7 @@ class LocalStore(Store):
             if part == 0:  # the end of the file
                 break
             got += part
-        return buf[:got].tobytes()
+        return buf[:got]
 
     async def _read(self, key: str, start: int, length: int | None, stable: bool,
                     after: bool) -> tuple[bytes | None, os.stat_result | None]:
@@ -476,7 +477,8 @@ class LocalStore(Store):
             if o.local and o.nowait:
                 before = os.fstat(o.fd) if stable or start < 0 or length is None else None
                 off, n = (start, length) if before is None else _span(before.st_size, start, length)
-                data = self._pread_cached(o, off, n) if n else b""
+                view = self._pread_cached(o, off, n) if n else b""
+                data = None if view is None else bytes(view)
                 if data is not None:
                     st = os.fstat(o.fd) if after or len(data) < n else None
                     complete = len(data) == n or off + len(data) >= st.st_size
@@ -489,21 +491,28 @@ class LocalStore(Store):
             raise StorageError(f"{self._path(key)}: keeps changing while being read")
         return got
 
+    def read_now(self, key: str, start: int, length: int, expect: Version | None = None) -> bytes | memoryview | None:
+        """The hot path (a chunk of an open shard, page cache warm): no awaits, no stat unless
+        a version is expected."""
+        o = self._fds.get(key)
+        if o is None or not (o.local and o.nowait) or start < 0 or not length:
+            return None
+        self._fds.move_to_end(key)
+        try:
+            data = self._pread_cached(o, start, length)
+            if data is None or len(data) != length:
+                return None
+            if expect is None or _matches(os.fstat(o.fd), expect):
+                return data
+        except OSError as e:
+            raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        raise ShardChanged(key)
+
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
                    expect: Version | None = None) -> bytes | None:
-        o = self._fds.get(key)
-        if o is not None and o.local and o.nowait and start >= 0 and length:
-            # the hot path (a chunk of an open shard, page cache warm): no awaits, no stat
-            # unless a version is expected; anything else takes the general path below
-            self._fds.move_to_end(key)
-            try:
-                data = self._pread_cached(o, start, length)
-                if data is not None and len(data) == length:
-                    if expect is None or _matches(os.fstat(o.fd), expect):
-                        return data
-                    raise ShardChanged(key)
-            except OSError as e:
-                raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        now = self.read_now(key, start, length, expect) if length else None
+        if now is not None:
+            return bytes(now)
         data, st = await self._read(key, start, length, False, expect is not None)
         if expect is not None:
             if st is None:
