@@ -367,8 +367,10 @@ class ListedFiles:
         when, hi, inos, make = self._entries[lo]
         if ino > hi or time.monotonic() - when > self.fresh:
             return None
-        i = ino - lo if hi - lo + 1 == len(inos) else int(inos.searchsorted(ino))
-        return make(ino, i) if i < len(inos) and int(inos[i]) == ino else None
+        if hi - lo + 1 == len(inos):  # dense: every number from lo to hi is a listed file
+            return make(ino, ino - lo)
+        i = int(inos.searchsorted(ino))
+        return make(ino, i) if i < len(inos) and inos.item(i) == ino else None
 
     def clear(self) -> None:
         self._los.clear()

@@ -445,10 +445,11 @@ class LocalStore(Store):
         needs a disk read or RWF_NOWAIT is not supported."""
         if o.memory:
             return os.pread(o.fd, n, off)
-        # FUSE reads are at most 1 MiB (the kernel sends 256 KiB pieces with the mount's larger
-        # read-ahead): the scratch buffer serves them all, so each read allocates once (the
-        # bytes returned), as a plain pread does; a 256 KiB read through a buffer of its own
-        # allocated twice and cost 140 us instead of 36. Larger reads (a whole index) get one.
+        # FUSE reads are at most 1 MiB (the mount's read-ahead): the scratch buffer serves them
+        # all, so a FUSE read allocates nothing (pyfuse3 replies from the view) and `read`
+        # allocates once (the bytes returned), as a plain pread does; a 256 KiB read through a
+        # buffer of its own allocated twice and cost 140 us instead of 36. Larger reads (a
+        # whole index) get one.
         buf = self._scratch if n <= len(self._scratch) else memoryview(bytearray(n))
         got = 0
         while got < n:  # RWF_NOWAIT reads stop short at read-ahead boundaries: go on while it gives
