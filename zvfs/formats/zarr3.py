@@ -378,6 +378,11 @@ class ChunkTable:
         return ChunkRef(key, self.offsets.item(i), self.lengths.item(i), None, self.version)  # item(): a Python int
 
 
+def _chunks_key(key: str, head: ShardIndex) -> tuple:
+    """The cache key of a shard's chunk table: per shard version."""
+    return ("chunks", key, None if head.version is None else head.version.tag)
+
+
 def _empty_table(ndim: int, key: str | None = None) -> ChunkTable:
     return ChunkTable(np.zeros((0, ndim), np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint64), key)
 
@@ -534,8 +539,19 @@ class ShardedArray:
             return _empty_table(self.ndim, key)
         if head is None:
             return _empty_table(self.ndim, key)
-        tag = None if head.version is None else head.version.tag
-        return await self.cache.get(("chunks", key, tag), lambda: self._chunks(key, shard, head))
+        return await self.cache.get(_chunks_key(key, head), lambda: self._chunks(key, shard, head))
+
+    def _listed_table(self, key: str) -> ChunkTable | None:
+        """The chunk table of shard `key` if a listing may use it without awaiting anything:
+        its index and table are cached and the shard was checked within `LISTING_MAX_AGE`."""
+        ck = ("head", key)
+        if not self.cache.checked_within(ck, LISTING_MAX_AGE):
+            return None
+        head = self.cache.peek(ck)[1]
+        if not isinstance(head, ShardIndex):
+            return None
+        table = self.cache.hit(_chunks_key(key, head), None)
+        return table if isinstance(table, ChunkTable) else None
 
     async def _chunks(self, key: str, shard: tuple[int, ...], head: ShardIndex) -> ChunkTable:
         base = np.array(shard, dtype=np.int64) * self.shard_shape
@@ -559,16 +575,22 @@ class ShardedArray:
         # shards whose index is cached are checked one after another (at most a stat each):
         # a task per shard cost 30 µs, more than the check (576 tasks for the 64 directories
         # of a 4096-file array); only the indexes to read go concurrently
+        # (and a listing that needs nothing read does not pass through trio's scheduler)
         tables: list[ChunkTable | None] = [None] * len(shards)
         todo = []
         for i, shard in enumerate(shards):
-            if self.cache.peek(("head", self.shard_key(shard)))[0]:
+            key = self.shard_key(shard)
+            tables[i] = self._listed_table(key)
+            if tables[i] is not None:
+                continue
+            if self.cache.peek(("head", key))[0]:
                 tables[i] = await self.chunks_in_shard(shard, LISTING_MAX_AGE)
             else:
                 todo.append(i)
-        read = await gather(lambda i=i: self.chunks_in_shard(shards[i], LISTING_MAX_AGE) for i in todo)
-        for i, table in zip(todo, read):
-            tables[i] = table
+        if todo:
+            read = await gather(lambda i=i: self.chunks_in_shard(shards[i], LISTING_MAX_AGE) for i in todo)
+            for i, table in zip(todo, read):
+                tables[i] = table
         return tables  # type: ignore[return-value]
 
     async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int, head: ShardIndex) -> list[tuple]:

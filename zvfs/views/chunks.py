@@ -147,10 +147,14 @@ class ChunkSpace(InodeRange):
         fixed = {self.axes[i]: c for i, c in enumerate(path)}
         out = []
         for table in await self.source.tables(fixed):
-            mask = np.ones(len(table.coords), dtype=bool)
-            for a, c in fixed.items():
-                mask &= table.coords[:, a] == c
-            rows = np.flatnonzero(mask)
+            if not fixed:
+                rows = np.arange(len(table.coords))
+            else:
+                mask = None
+                for a, c in fixed.items():
+                    match = table.coords[:, a] == c
+                    mask = match if mask is None else mask & match
+                rows = np.flatnonzero(mask)
             if len(rows):
                 out.append((table, rows))
         return out
