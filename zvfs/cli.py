@@ -35,6 +35,7 @@ import trio
 from . import __version__, report
 from .daemon import ARGV_ENV, FSTYPE, check_log_target, fusermount, mount_at, run_foreground, shown, spawn_daemon
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
+from .kinds import KINDS
 from .options import MountOptions, options_help, parse_options
 from .source import open_source
 
@@ -146,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
 def _source_args(p: argparse.ArgumentParser) -> None:
     """SOURCE and the options that shape its tree, shared by mount, ls, cat and inspect."""
     p.add_argument("source", metavar="SOURCE").complete = shtab.DIRECTORY
-    p.add_argument("--view", help="view to show (default: zarr for Zarr stores)")
+    p.add_argument("--view", help="view to show, by store kind (the first is the default): "
+                   + "; ".join(f"{k.name}: " + ", ".join(k.views) for k in KINDS.values()))
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=V...]", help="options as for mount")
 
 

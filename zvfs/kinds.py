@@ -136,19 +136,7 @@ async def _is_precomputed(probe: Probe) -> bool:
 async def _load_precomputed(o: Opened) -> Loaded:
     dataset = await precomputed.load_dataset(o.store)
     arrays = precomputed_array.volume_hierarchy(o.store, dataset, o.cache, o.decoded)
-    return Loaded(dataset, arrays, _no_array_form(dataset))
-
-
-def _no_array_form(dataset: precomputed.Dataset) -> dict[str, str]:
-    """The dataset's directories that no array view shows."""
-    if dataset.kind != "volume":
-        return {"": "annotations have no array form"}
-    info = dataset.info
-    out = {}
-    for member, what in (("mesh", "meshes"), ("skeletons", "skeletons"), ("segment_properties", "segment properties")):
-        if isinstance(info.get(member), str) and info[member].strip("/"):
-            out[info[member].strip("/")] = f"{what} have no array form"
-    return out
+    return Loaded(dataset, arrays, precomputed_array.no_array_form(dataset))
 
 
 def _precomputed_view(o: Opened, loaded: Loaded) -> Shown:

@@ -64,6 +64,19 @@ IMAGES = {"jpeg": (imagecodecs.jpeg8_decode, ("uint8",), (1, 3)), "png": (imagec
 # --------------------------------------------------------------------------- the hierarchy
 
 
+def no_array_form(dataset: Dataset) -> dict[str, str]:
+    """The dataset's directories that no array view shows, and why (`zvfs inspect` lists them);
+    "" for the whole dataset when it holds no volume."""
+    if dataset.kind != "volume":
+        return {"": "annotations have no array form"}
+    info = dataset.info
+    out = {}
+    for member, what in (("mesh", "meshes"), ("skeletons", "skeletons"), ("segment_properties", "segment properties")):
+        if isinstance(info.get(member), str) and info[member].strip("/"):
+            out[info[member].strip("/")] = f"{what} have no array form"
+    return out
+
+
 def volume_hierarchy(store: Store, dataset: Dataset, cache: CoalescingCache, decoded: CoalescingCache) -> Hierarchy:
     """The root group and one array per volume scale (an annotation dataset has no arrays;
     skeletons and meshes have no array form and are left out).
