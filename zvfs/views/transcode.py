@@ -175,6 +175,11 @@ class ChunkFile(RangeFile):
         tag = None if ref.version is None else ref.version.tag
         return await self.decoded.get((enc.view, enc.model.path, coords, ref.key, tag, ref.offset), build)  # type: ignore[union-attr]
 
+    async def read_for_reply(self, offset: int, size: int) -> bytes:
+        """Not the stored range as it is (a header, a transcoded chunk): no view of the store's
+        buffer, the bytes `read` makes."""
+        return await self.read(offset, size)
+
     async def read(self, offset: int, size: int) -> bytes:
         enc, ref = self.encoding, self.ref
         if not enc.direct(ref, self.coords):
