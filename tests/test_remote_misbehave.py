@@ -252,7 +252,7 @@ async def test_a_replaced_shard_is_never_read_as_the_old_version(served, tmp_pat
     from test_consistency import _chunk_bytes, _stores
 
     from zvfs.errors import ShardChanged
-    from zvfs.storage import open_store
+    from zvfs.storage.open import open_store
 
     nginx, s3, _ = served
     src, upd, old, new = _stores(tmp_path)

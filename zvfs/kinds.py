@@ -15,13 +15,13 @@ all refuses an array view (one line).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Awaitable, Callable
 
 from .errors import MetadataError
 from .formats import precomputed, precomputed_array, zarr3, zvf
 from .formats.array import ArrayModel, Hierarchy
 from .formats.jsonfile import parse_json_object
+from .names import StoreKind, View
 from .storage import Store
 from .storage.cache import CoalescingCache
 from .tree import Tree
@@ -31,19 +31,6 @@ from .views.precomputed import PrecomputedView
 from .views.zarr2 import Zarr2View
 from .views.zarr3 import ModelZarr3View, Zarr3View
 from .views.zvf import ZvfObjects
-
-
-class StoreKind(StrEnum):
-    ZARR3 = "zarr3"
-    ZVF = "zvf"
-    PRECOMPUTED = "precomputed"
-
-
-class View(StrEnum):
-    ZARR = "zarr"
-    ZARR2 = "zarr2"
-    N5 = "n5"
-    PRECOMPUTED = "precomputed"
 
 
 @dataclass

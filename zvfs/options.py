@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from .errors import OptionError
-from .kinds import View
+from .names import View
 
 VIEWS = tuple(View)
 N5_COMPRESSIONS = ("raw", "gzip", "zstd", "blosc")

@@ -12,8 +12,6 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple
 
-from tqdm import tqdm
-
 from .errors import CorruptShardError, ShardChanged, StorageError
 from .formats import precomputed, zvf
 from .formats.zarr3 import EMPTY, META, ArrayNode, ShardedArray, child_path
@@ -30,6 +28,8 @@ SHARD_PROBLEMS = (CorruptShardError, ShardChanged, StorageError)
 def _progress(items, what: str):
     """A progress bar on stderr for the shards of one array (a large store takes minutes);
     tqdm shows nothing when stderr is not a terminal, so pipes and logs stay clean."""
+    from tqdm import tqdm  # (when inspecting, not at every start)
+
     return tqdm(items, desc=what or "/", unit="shard", disable=None, leave=False, file=sys.stderr)
 
 

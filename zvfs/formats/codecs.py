@@ -16,15 +16,19 @@ size in the metadata: they may decode to at most `VLEN_MAX`.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import struct
 import warnings
 import zlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numcodecs
 import numpy as np
+
+if TYPE_CHECKING:
+    import numcodecs
+# zarr, numcodecs and asyncio are imported where a chain first needs them, like zarr: together
+# 120 ms of every process start (every mount starts two), for stores that never transcode
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 #: bytes->bytes codecs whose bytes other formats can carry unchanged (one compressor)
@@ -186,6 +190,8 @@ def _run(codec, data, spec):
     else its coroutine on a private asyncio loop (zarr's numcodecs.* wrappers)."""
     if hasattr(codec, "_decode_sync"):
         return codec._decode_sync(data, spec)
+    import asyncio
+
     return asyncio.run(codec._decode_single(data, spec))
 
 
@@ -203,7 +209,9 @@ def _decode_bytes(codec, name: str, buf, spec, exact: int | None, limit: int):
         size = exact if exact is not None else declared
         if size is None:
             raise DecodeError("zstd frame without a content size where the chunk's size is not fixed")
-        out = numcodecs.Zstd().decode(data, out=np.empty(size, np.uint8))  # bounded by the destination
+        from numcodecs import Zstd
+
+        out = Zstd().decode(data, out=np.empty(size, np.uint8))  # bounded by the destination
     elif name == "blosc":
         declared = blosc_nbytes(data)
         if declared > bound:
@@ -268,6 +276,8 @@ def blosc_nbytes(data) -> int:
 
 def compressor(codec) -> numcodecs.abc.Codec:
     """numcodecs object for a v3 bytes->bytes codec, with its settings (for encoding)."""
+    import numcodecs
+
     name, conf = name_of(codec), config_of(codec)
     if name == "gzip":
         return numcodecs.GZip(level=conf.get("level", 5))

@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import MetadataError
 from .base import Store
 from .local import LocalStore
-from .readahead import CoalescingStore
-from .remote import FsspecStore
-
-
-def redact(source: str) -> str:
-    """The source as it may be shown (logs, /proc/mounts, process titles, inspect): a URL loses
-    its user:password and its query string (signed URLs carry credentials there)."""
-    if "://" not in source:
-        return source
-    try:
-        parts = urlsplit(source)
-    except ValueError:  # unparseable (http://[::1): show the scheme only, never the rest
-        return source.split("://", 1)[0] + "://..."
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+from .urls import redact
 
 
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
@@ -39,7 +24,10 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         if not os.path.isdir(path):
             raise MetadataError(source, "not a directory")
         return LocalStore(path, follow_symlinks=follow_symlinks)
-    import fsspec
+    import fsspec  # (and the remote stores: fsspec, stamina and asyncio cost local mounts 60 ms at start)
+
+    from .readahead import CoalescingStore
+    from .remote import FsspecStore
 
     try:
         fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))

@@ -1,0 +1,244 @@
+"""The mount front end: the mount table, starting a daemon and waiting for it, unmounting.
+
+`zvfs mount` without `--foreground` starts the daemon (daemon.py: this same program with
+`--foreground`) as a child in its own session and waits on a pipe until the child says the
+mount is live (or why it is not): the parent's exit status means "mounted", which is what
+mount(8), fstab and scripts need. A child process (rather than fork) keeps threads and async
+clients out of the picture. Until the mount is live the child's stderr goes to a file the
+parent reads, so libfuse's and fusermount3's own words about a failed mount reach the terminal.
+
+Apart from the daemon so that `zvfs mount`, `zvfs umount` and mount(8)'s helper load neither
+pyfuse3 and trio nor the formats: they start in a fifth of the time (each test mount runs
+three such processes).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import select
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from .errors import MetadataError, OptionError
+from .options import MountOptions
+from .storage.urls import redact
+
+log = logging.getLogger("zvfs")
+
+READY_FD_ENV = "ZVFS_READY_FD"
+ARGV_ENV = "ZVFS_ARGV"  # the real arguments of a process whose argv was redacted (see cli)
+FSTYPE = "fuse.zvfs"  # what /proc/self/mountinfo says for our mounts (subtype=zvfs)
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s,]+")
+
+
+def shown(text: str) -> str:
+    """`text` with every URL in it as it may be shown (no user:password, no query string):
+    for process titles, messages and logs."""
+
+    def one(m: re.Match) -> str:
+        try:
+            return redact(m.group())
+        except ValueError:  # unparseable: show the scheme only
+            return m.group().split("://", 1)[0] + "://..."
+
+    return _URL.sub(one, text)
+
+
+# --------------------------------------------------------------------------- the mount table
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_at(path: str) -> Mount | None:
+    """The topmost mount on `path` (None when it is not a mount point), from
+    /proc/self/mountinfo. Never a stat or listing of the directory itself: those would trigger an
+    autofs (x-systemd.automount) mount point, or hang on a stuck daemon."""
+    target = os.path.realpath(path)
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            if _unescape(fields[4]) == target:  # later lines are mounted on top of earlier ones
+                found = Mount(target, _unescape(fields[sep + 1]), _unescape(fields[sep + 2]))
+    return found
+
+
+def is_alive(point: str) -> bool:
+    """Whether the daemon behind a FUSE mount answers. statfs is never cached by the kernel, so
+    it reaches the daemon; a dead one gives ENOTCONN ("Transport endpoint is not connected")."""
+    try:
+        os.statvfs(point)
+    except OSError as e:  # EACCES: another user's mount, refused by the kernel itself
+        return e.errno not in (errno.ENOTCONN, errno.ECONNABORTED)
+    return True
+
+
+def fusermount(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["fusermount3", *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise MetadataError("fusermount3", "not found: install fuse3 (see 'zvfs doctor')") from None
+
+
+def clear_stale(point: str) -> None:
+    log.warning("%s: clearing a stale mount left by a dead daemon", point)
+    fusermount("-uz", point)
+
+
+def check_mountpoint(mountpoint: str) -> None:
+    """Refuse a missing mount point or a live zvfs mount; clear a stale one left by a killed
+    daemon. An autofs mount point is left untouched: systemd's automount is what runs us."""
+    mounted = mount_at(mountpoint)
+    if mounted is not None and mounted.fstype == FSTYPE:
+        if is_alive(mountpoint):
+            raise MetadataError(mountpoint, "already mounted (unmount it first: zvfs umount)")
+        clear_stale(mountpoint)
+        if mount_at(mountpoint) == mounted:
+            raise MetadataError(mountpoint, "a stale mount is in the way and fusermount3 -uz could not clear it")
+    if mounted is not None and mounted.fstype == "autofs":
+        return
+    try:
+        st = os.stat(mountpoint)
+    except OSError as e:
+        problem = "mount point does not exist" if e.errno == errno.ENOENT else f"mount point: {e.strerror}"
+        raise MetadataError(mountpoint, problem) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise MetadataError(mountpoint, "mount point is not a directory")
+
+
+def check_log_target(opts: MountOptions) -> None:
+    """A `log=` file that cannot be opened is a usage error before anything is mounted."""
+    if opts.log_file:
+        try:
+            with open(opts.log_file, "a"):
+                pass
+        except OSError as e:
+            raise OptionError(f"log={opts.log_file}: cannot open for appending ({e.strerror})") from None
+
+
+# --------------------------------------------------------------------------- starting a daemon
+
+#: what to do about failures whose cause is known (matched against the daemon's words)
+HINTS = (
+    (re.compile(r"user_allow_other"), "add a line 'user_allow_other' to /etc/fuse.conf (as root), or mount without allow_other"),
+    (re.compile(r"open /dev/fuse: Permission denied"), "this user cannot open /dev/fuse: make it read-write for users (mode 666, as fuse3 installs it) or mount as root"),
+    (re.compile(r"/dev/fuse|modprobe fuse"), "/dev/fuse is missing or not accessible: load the fuse module (modprobe fuse); in a container, pass the device (--device /dev/fuse)"),
+    (re.compile(r"Operation not permitted"), "mounting needs root, or a set-uid fusermount3 for users; a container also needs CAP_SYS_ADMIN (see 'zvfs doctor')"),
+    (re.compile(r"fusermount3?: (?:failed to exec|not found)|No such file or directory: 'fusermount3'"), "install fuse3 (apt-get install fuse3)"),
+    (re.compile(r"(?i)permission denied|no write access|not owner"), "mount on a directory you own (or as root); see 'zvfs doctor'"),
+)
+
+
+def explain(error: str, stderr: str) -> str:
+    """One line with the error and the daemon's own last words about it, plus a second line
+    with a hint when the cause is known."""
+    words = [ln.strip() for ln in stderr.splitlines() if ln.strip() and ln.strip() not in error]
+    detail = "; ".join(words[-2:])
+    text = f"{error}: {detail}" if detail else error
+    for pattern, hint in HINTS:
+        if pattern.search(stderr) or pattern.search(error):
+            return f"{text}\nhint: {hint}"
+    return text
+
+
+def _stop(proc: subprocess.Popen, mountpoint: str) -> None:
+    """Stop a daemon that was told to go away (it unmounts on SIGTERM), and clear what a daemon
+    that had to be killed leaves."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    mounted = mount_at(mountpoint)
+    if mounted is not None and mounted.fstype == FSTYPE and not is_alive(mountpoint):
+        clear_stale(mountpoint)
+
+
+class _ParentInterrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+def _raise_interrupt(signum, frame):
+    raise _ParentInterrupted(signum)
+
+
+def spawn_daemon(source: str, mountpoint: str, opts: MountOptions, child_env: dict[str, str]) -> tuple[int, str | None]:
+    """Start a foreground `zvfs mount` as a daemon and wait until it reports.
+
+    `child_env` carries the real arguments (see cli); the process title shows the redacted
+    source and no options, so credentials never appear in `ps`. SIGINT or SIGTERM while
+    waiting stop the daemon, which leaves nothing mounted. Returns (status, error message)."""
+    r, w = os.pipe()
+    stderr = tempfile.TemporaryFile()
+    env = {**os.environ, **child_env, READY_FD_ENV: str(w)}
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    proc = None
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zvfs", "mount", shown(source), mountpoint, "--foreground"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            pass_fds=(w,), env=env, start_new_session=True, cwd="/",
+        )
+        os.close(w)
+        w = None
+        line = _wait_ready(r, opts.mount_timeout)
+        if line == "ok":
+            return 0, None
+        if line is None:
+            _stop(proc, mountpoint)
+            return 1, f"the mount did not come up within {opts.mount_timeout:g} s (nothing mounted)"
+        status = proc.wait()
+        stderr.seek(0)
+        said = stderr.read().decode(errors="replace")
+        if line.startswith("error: "):
+            return status or 1, explain(line[len("error: "):], said)
+        return status or 1, explain(f"the mount daemon exited with status {status} before the mount was live", said)
+    except _ParentInterrupted as e:
+        if proc is not None:
+            _stop(proc, mountpoint)
+        return 128 + e.signum, f"{mountpoint}: interrupted by {signal.Signals(e.signum).name}; nothing mounted"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if w is not None:
+            os.close(w)
+        os.close(r)
+        stderr.close()
+
+
+def _wait_ready(fd: int, timeout: float) -> str | None:
+    """The daemon's one-line report ("ok" or "error: ..."), "" if it exited without one, None
+    on timeout."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()
