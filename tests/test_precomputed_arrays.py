@@ -445,3 +445,45 @@ async def test_lying_and_damaged_images(written, name, key):
         except CorruptShardError:
             continue
         assert len(out) == len(good)
+
+
+# ----------------------------------------------------------------------------------------------
+# decoding off the event loop
+
+
+async def test_a_large_chunk_decodes_while_the_event_loop_goes_on(tmp_path):
+    """A 2 MiB gzip-encoded chunk (tensorstore writes it) is decoded in a worker thread: other
+    tasks of the mount keep running during the read (counted, not timed). Decoded on the event
+    loop, they would not make a single step until the read returned. The bytes still equal
+    tensorstore's."""
+    import trio
+
+    scale = wp.TsScale("1_1_1", (256, 128, 128), (0, 0, 0), (128, 128, 128), (1, 1, 1),
+                       wp.sharding("identity", preshift=0, minishard=0, shard=0, index="raw", data="gzip"))
+    ds = wp.TsDataset("big", "image", "uint8", [scale])
+    ds.data.append(np.random.default_rng(3).integers(0, 256, (256, 128, 128, 1), dtype=np.uint8))
+    root = wp.write_ts_dataset(tmp_path / "big", ds)
+    want = np.asarray(wp.ts_open(root, scale.key).read().result())
+    store, h, decoded = await open_hierarchy(root)
+    try:
+        a = h[scale.key]
+        first, second = await a.chunks.locate((0, 0, 0, 0)), await a.chunks.locate((1, 0, 0, 0))
+        assert first.decode is not None and second.decode is not None
+        await RangeFile(1, store, first, decoded).read(0, 1)  # the shard's descriptor and index are at hand now
+        steps, reading = 0, True
+
+        async def other_request():
+            nonlocal steps
+            while reading:
+                steps += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_request)
+            data = await RangeFile(2, store, second, decoded).read(0, 1 << 22)
+            reading = False
+        assert steps > 0, "the event loop ran nothing while the chunk decoded"
+        got = np.frombuffer(data, np.uint8).reshape((128, 128, 128), order="F")
+        np.testing.assert_array_equal(got, want[128:256, :, :, 0])
+    finally:
+        await store.aclose()

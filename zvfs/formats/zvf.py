@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import CorruptShardError
 from ..storage.cache import CoalescingCache
 from .array import ArrayModel, GroupModel, Hierarchy
-from .codecs import Chain
+from .codecs import Chain, decode_step
 from .zarr3 import child_path
 
 VERTICES = "vertices"
@@ -117,7 +117,7 @@ class ObjectReader:
         if chain is None:
             raise CorruptShardError(node.path, "codecs not supported for ZVF objects")
         try:
-            values = chain.decode(raw, node.data_type, node.chunk_shape).reshape(-1)
+            values = (await decode_step(chain.decode, raw, node.data_type, node.chunk_shape)).reshape(-1)
         except (ValueError, RuntimeError, TypeError) as e:
             raise CorruptShardError(node.path, f"chunk {cell} does not decode ({e})") from None
         if values.dtype == object:

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import CorruptShardError
 from ..formats.array import ArrayModel
 from ..formats.chunkref import ChunkRef
-from ..formats.codecs import COMPRESSORS, Chain, DecodeError, compressor, fill_value, name_of
+from ..formats.codecs import COMPRESSORS, Chain, DecodeError, compressor, decode_step, fill_value, name_of
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
 from ..tree import File, RangeFile, _check_length as check_length
@@ -147,33 +147,36 @@ class ChunkFile(RangeFile):
         size = self.known_size()
         return size if size is not None else len(await self._built())
 
-    async def _stored(self) -> bytes:
-        """The stored chunk after the ref's own decode step."""
-        ref = self.ref
-        raw = await self.store.read(ref.key, ref.offset, ref.length, expect=ref.version)
-        check_length(ref, raw)
-        return raw if ref.decode is None else ref.decode(raw)
-
     async def _built(self) -> bytes:
-        enc, ref, coords = self.encoding, self.ref, self.coords
-        extent = enc.extent(coords)
+        enc, ref = self.encoding, self.ref
 
         async def build() -> bytes:
             if ref.key == FILL_KEY:
-                return enc.prefix(extent) + enc.encode(np.broadcast_to(enc.fill(), extent))
-            data = await self._stored()
-            if enc.passthrough and enc.stored_extent(coords) == extent:
-                return enc.prefix(extent) + data
-            try:
-                arr = enc.chain.decode(data, enc.model.data_type, enc.stored_extent(coords))
-            except DecodeError as e:
-                err = CorruptShardError(ref.key, f"chunk {list(coords)} of {enc.model.path or '/'}: {e}")
-                log.warning("%s", err)
-                raise err from None
-            return enc.prefix(extent) + enc.encode(enc.fit(arr, extent))
+                return self._transcode(None)
+            raw = await self.store.read(ref.key, ref.offset, ref.length, expect=ref.version)
+            check_length(ref, raw)
+            return await decode_step(self._transcode, raw)
 
         tag = None if ref.version is None else ref.version.tag
-        return await self.decoded.get((enc.view, enc.model.path, coords, ref.key, tag, ref.offset), build)  # type: ignore[union-attr]
+        return await self.decoded.get((enc.view, enc.model.path, self.coords, ref.key, tag, ref.offset), build)  # type: ignore[union-attr]
+
+    def _transcode(self, raw: bytes | None) -> bytes:
+        """The file's bytes from the stored chunk (None: a chunk never written, all fill).
+        Only CPU: a large chunk's runs in a worker thread (`decode_step`)."""
+        enc, ref, coords = self.encoding, self.ref, self.coords
+        extent = enc.extent(coords)
+        if raw is None:
+            return enc.prefix(extent) + enc.encode(np.broadcast_to(enc.fill(), extent))
+        data = raw if ref.decode is None else ref.decode(raw)
+        if enc.passthrough and enc.stored_extent(coords) == extent:
+            return enc.prefix(extent) + data
+        try:
+            arr = enc.chain.decode(data, enc.model.data_type, enc.stored_extent(coords))
+        except DecodeError as e:
+            err = CorruptShardError(ref.key, f"chunk {list(coords)} of {enc.model.path or '/'}: {e}")
+            log.warning("%s", err)
+            raise err from None
+        return enc.prefix(extent) + enc.encode(enc.fit(arr, extent))
 
     async def read_for_reply(self, offset: int, size: int) -> bytes:
         """Not the stored range as it is (a header, a transcoded chunk): no view of the store's
