@@ -2,8 +2,9 @@
 
 `zvfs ls`/`cat`/`inspect` walk the same virtual tree a mount shows, without FUSE. Each command
 loads the layers it uses when it runs: `zvfs mount` (the front end), `umount`, `stats`,
-`refresh` and `doctor` start without trio, pyfuse3, numpy or the formats (70 ms instead of
-400; every mount runs two such processes besides the daemon, every test mount three).
+`refresh` and `doctor` start without trio, pyfuse3, numpy, shtab or the formats (45 ms of
+imports instead of 480; every mount runs one such process besides the daemon, and unmounting
+another).
 
 The bare form `zvfs SOURCE MOUNTPOINT -o OPTS` exists because mount(8) with `-t fuse.zvfs`
 (and fstab) runs it through mount.fuse3. It is taken as a mount only when the first argument is
@@ -31,8 +32,6 @@ import os
 import shutil
 import stat
 import sys
-
-import shtab
 
 from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
 from .mounting import ARGV_ENV, FSTYPE, check_log_target, fusermount, mount_at, shown, spawn_daemon
@@ -96,6 +95,36 @@ def _version() -> str:
     return version("zvfs")
 
 
+class _PrintCompletion(argparse.Action):
+    """`--print-completion SHELL`: shtab's completion script for this parser. (shtab is loaded
+    here, not at start: it costs 35 ms of every zvfs process.)"""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, metavar="SHELL",
+                         help="print a shell completion script (bash, zsh, tcsh) and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import shtab
+
+        for action in _actions(parser):
+            if getattr(action, "completes_directory", False):
+                action.complete = shtab.DIRECTORY  # type: ignore[attr-defined]
+        try:
+            print(shtab.complete(parser, values))
+        except NotImplementedError:
+            parser.error(f"--print-completion: no completion for {values!r} (shells: {', '.join(shtab.SUPPORTED_SHELLS)})")
+        parser.exit()
+
+
+def _actions(parser: argparse.ArgumentParser):
+    """Every argument of the parser and its subcommands."""
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _actions(sub)
+
+
 class _PrintVersion(argparse.Action):
     """`--version`, looked up only when asked for."""
 
@@ -110,7 +139,7 @@ class _PrintVersion(argparse.Action):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="zvfs", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=_PrintVersion)
-    shtab.add_argument_to(p, "--print-completion", help="print a shell completion script (bash, zsh, tcsh) and exit")
+    p.add_argument("--print-completion", action=_PrintCompletion)
     p.add_argument("--print-man", action=_PrintManPage)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -163,14 +192,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _source_args(p: argparse.ArgumentParser) -> None:
     """SOURCE and the options that shape its tree, shared by mount, ls, cat and inspect."""
-    p.add_argument("source", metavar="SOURCE").complete = shtab.DIRECTORY
+    p.add_argument("source", metavar="SOURCE").completes_directory = True
     p.add_argument("--view", help=f"view to show: {', '.join(View)} (default: the store kind's own; "
                                   "`zvfs inspect` lists the views a store has)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=V...]", help="options as for mount")
 
 
 def _mountpoint_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("mountpoint", metavar="MOUNTPOINT").complete = shtab.DIRECTORY
+    p.add_argument("mountpoint", metavar="MOUNTPOINT").completes_directory = True
 
 
 def _fail(message: str, status: int = 2) -> int:
