@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import struct
 import warnings
 import zlib
@@ -56,13 +57,23 @@ SLACK_RATIO = 16
 DECODE_IN_THREAD = 16 * 1024
 
 
+_DECODERS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("zvfs_decoders")
+
+
 async def decode_step(fn: Callable[..., Any], data: bytes, *args: Any) -> Any:
     """`fn(data, *args)`: a decode (or transcode) step, in a worker thread when `data` is
     large. zlib, zstd, blosc and imagecodecs release the GIL while they work, so the event loop
-    goes on answering the kernel meanwhile, and two chunks decode on two cores."""
+    goes on answering the kernel meanwhile, and two chunks decode on two cores. At most one
+    thread per core decodes at a time: more would not be faster, and every decode in flight
+    holds its output outside the decoded-data budget."""
     if len(data) < DECODE_IN_THREAD:
         return fn(data, *args)
-    return await trio.to_thread.run_sync(functools.partial(fn, data, *args))
+    try:
+        limiter = _DECODERS.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(os.cpu_count() or 2)
+        _DECODERS.set(limiter)
+    return await trio.to_thread.run_sync(functools.partial(fn, data, *args), limiter=limiter)
 
 
 class DecodeError(ValueError):
