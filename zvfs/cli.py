@@ -84,15 +84,11 @@ class _PrintManPage(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         from argparse_manpage.manpage import Manpage
 
-        data = {"version": _version(), "project_name": "zvfs", "manual_section": "1", "manual_title": "zvfs manual"}
+        from . import __version__
+
+        data = {"version": __version__, "project_name": "zvfs", "manual_section": "1", "manual_title": "zvfs manual"}
         print(Manpage(parser, _data=data))
         parser.exit()
-
-
-def _version() -> str:
-    from importlib.metadata import version  # (here, not at import: 35 ms of every start)
-
-    return version("zvfs")
 
 
 class _PrintCompletion(argparse.Action):
@@ -132,7 +128,9 @@ class _PrintVersion(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"zvfs {_version()}")
+        from . import __version__
+
+        print(f"zvfs {__version__}")
         parser.exit()
 
 

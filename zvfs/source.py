@@ -51,9 +51,9 @@ class OpenSource:
 
     def stats(self) -> dict:
         """Live figures of the store and the caches (`zvfs stats`)."""
-        from importlib.metadata import version  # (not at import: 35 ms of every start)
+        from . import __version__  # (looked up when asked: see zvfs/__init__.py)
 
-        out = {"zvfs_version": version("zvfs"), "source": self.store.display, "view": self.view,
+        out = {"zvfs_version": __version__, "source": self.store.display, "view": self.view,
                "backend_requests": 0, "backend_bytes": 0, "retries": 0, "caches": {}}
         layer: Store | None = self.store
         while layer is not None:  # the store and the layers it wraps (read coalescing)

@@ -572,21 +572,12 @@ class ShardedArray:
         (axis -> coordinate), each checked against its shard's current version within the
         last `LISTING_MAX_AGE` (a listing shows what the store holds now)."""
         shards = await self.stored_shards(fixed)
-        # shards whose index is cached are checked one after another (at most a stat each):
-        # a task per shard cost 30 µs, more than the check (576 tasks for the 64 directories
-        # of a 4096-file array); only the indexes to read go concurrently
-        # (and a listing that needs nothing read does not pass through trio's scheduler)
-        tables: list[ChunkTable | None] = [None] * len(shards)
-        todo = []
-        for i, shard in enumerate(shards):
-            key = self.shard_key(shard)
-            tables[i] = self._listed_table(key)
-            if tables[i] is not None:
-                continue
-            if self.cache.peek(("head", key))[0]:
-                tables[i] = await self.chunks_in_shard(shard, LISTING_MAX_AGE)
-            else:
-                todo.append(i)
+        # tables cached and checked within the window are taken in line: a trio task per shard
+        # cost 30 µs, more than the listing's own work per shard (576 tasks for the 65
+        # directories of a 4096-file array), and a listing that needs nothing checked or read
+        # does not pass through trio's scheduler; the rest are checked or read concurrently
+        tables: list[ChunkTable | None] = [self._listed_table(self.shard_key(shard)) for shard in shards]
+        todo = [i for i, table in enumerate(tables) if table is None]
         if todo:
             read = await gather(lambda i=i: self.chunks_in_shard(shards[i], LISTING_MAX_AGE) for i in todo)
             for i, table in zip(todo, read):

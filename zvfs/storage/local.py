@@ -511,7 +511,7 @@ class LocalStore(Store):
 
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
                    expect: Version | None = None) -> bytes | None:
-        now = self.read_now(key, start, length, expect) if length else None
+        now = self.read_now(key, start, length, expect)  # type: ignore[arg-type]  # (None length: not now)
         if now is not None:
             return bytes(now)
         data, st = await self._read(key, start, length, False, expect is not None)
