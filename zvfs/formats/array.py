@@ -26,7 +26,8 @@ from .chunkref import ChunkRef
 
 
 class ChunkTableLike(Protocol):
-    """A batch of stored chunks (formats.zarr3.ChunkTable is the implementation)."""
+    """A batch of stored chunks (formats.zarr3.ChunkTable is the implementation): `coords`
+    (m, ndim) in C order (listings find a directory's rows by bisection)."""
 
     coords: np.ndarray
     lengths: np.ndarray

@@ -145,16 +145,10 @@ class ChunkSpace(InodeRange):
         """The chunks under a path prefix: per chunk table that can hold them, the table and
         its matching rows."""
         fixed = {self.axes[i]: c for i, c in enumerate(path)}
+        leading = self.axes[:len(path)] == tuple(range(len(path)))  # the path fixes the first axes
         out = []
         for table in await self.source.tables(fixed):
-            if not fixed:
-                rows = np.arange(len(table.coords))
-            else:
-                mask = None
-                for a, c in fixed.items():
-                    match = table.coords[:, a] == c
-                    mask = match if mask is None else mask & match
-                rows = np.flatnonzero(mask)
+            rows = _leading_rows(table.coords, path) if leading else _matching_rows(table.coords, fixed)
             if len(rows):
                 out.append((table, rows))
         return out
@@ -256,6 +250,27 @@ class ChunkSpace(InodeRange):
                 return [(layout.top, ChunkDir(self.ino_of(()), self, ()))] if all(self.pgrid) else []
             return await self.children(())
         return self._files(await self.present(()), lambda coords, p: layout.flat_name(coords))
+
+
+def _leading_rows(coords: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    """Rows of a table (C-sorted) whose first coordinates are `values`: one run, found by
+    bisection, so a directory costs the log of its shard's chunk count, not a pass over them
+    (a directory of 100 files in a shard of 10^5 chunks: 160 µs with a mask over the table)."""
+    lo, hi = 0, len(coords)
+    for axis, v in enumerate(values):
+        column = coords[:, axis]
+        lo = bisect.bisect_left(column, v, lo, hi)
+        hi = bisect.bisect_right(column, v, lo, hi)
+    return np.arange(lo, hi)
+
+
+def _matching_rows(coords: np.ndarray, fixed: dict[int, int]) -> np.ndarray:
+    """Rows of a table with the `fixed` coordinates (axis -> value), anywhere in its order."""
+    mask = None
+    for axis, v in fixed.items():
+        match = coords[:, axis] == v
+        mask = match if mask is None else mask & match
+    return np.arange(len(coords)) if mask is None else np.flatnonzero(mask)
 
 
 class ChunkDir(Dir):

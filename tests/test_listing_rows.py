@@ -1,0 +1,68 @@
+"""Chunk directories list exactly the chunks stored, without FUSE (`open_source` + the tree).
+
+A directory's files come from the shard tables: in views whose path fixes the array's leading
+axes (Zarr v3, Zarr v2) a directory is one run of each C-sorted table, found by bisection; in
+the N5 view (axes reversed) by matching coordinates. A sparse 3-D array written by zarr-python,
+with directories that span several shards and shards holding from none to all of their chunks,
+is listed directory by directory in both; what is expected is which chunks zarr-python finds
+non-empty reading the store back.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import zarr
+
+from zvfs.options import parse_options
+from zvfs.source import open_source
+
+SHAPE, SHARD, INNER = (48, 32, 40), (16, 16, 8), (4, 4, 4)  # chunk grid 12 x 8 x 10, shards of 4 x 4 x 2 chunks
+GRID = tuple(s // c for s, c in zip(SHAPE, INNER))
+
+
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory):
+    """The store, and the chunk coordinates zarr-python finds non-empty in it."""
+    root = tmp_path_factory.mktemp("rows") / "sparse.zarr"
+    rng = np.random.default_rng(11)
+    a = zarr.create_array(str(root), shape=SHAPE, shards=SHARD, chunks=INNER, dtype="uint16",
+                          compressors=None, fill_value=0)
+    data = np.zeros(SHAPE, np.uint16)
+    for c in itertools.product(*map(range, GRID)):
+        if rng.random() < 0.3 or c[0] == 5:  # chunk row 5 full; shards of other rows partly or not at all
+            if not (c[0] < 4 and c[1] < 4):  # the first shard column of rows 0-3: empty
+                data[tuple(slice(i * n, (i + 1) * n) for i, n in zip(c, INNER))] = rng.integers(1, 60000, INNER)
+    a[...] = data
+    back = zarr.open_array(str(root))[...]
+    stored = {c for c in itertools.product(*map(range, GRID))
+              if back[tuple(slice(i * n, (i + 1) * n) for i, n in zip(c, INNER))].any()}
+    return root, stored
+
+
+async def _files(node, tree, prefix=()) -> set[tuple[int, ...]]:
+    """Every chunk file below `node`, as its path of integers (directories recursed)."""
+    rows = await node.rows()
+    out = set()
+    for name, ino, is_dir in zip(rows.names, rows.inos, rows.is_dir):
+        if not name.isdigit():
+            continue
+        path = (*prefix, int(name))
+        out |= await _files(await tree.node(ino), tree, path) if is_dir else {path}
+    return out
+
+
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
+async def test_every_directory_lists_the_stored_chunks(sparse, view):
+    root, stored = sparse
+    opened = await open_source(str(root), parse_options([f"view={view}"]))
+    top = await opened.tree.resolve("c" if view == "zarr" else "")
+    listed = await _files(top, opened.tree)
+    expected = {c[::-1] for c in stored} if view == "n5" else stored
+    assert listed == expected
+    for d in range(1, 3):  # and each directory on its own, looked up by name
+        for path in sorted({c[:d] for c in expected}):
+            node = await opened.tree.resolve("/".join(map(str, ("c", *path) if view == "zarr" else path)))
+            assert await _files(node, opened.tree, path) == {c for c in expected if c[:d] == path}
