@@ -5,13 +5,15 @@ axes (Zarr v3, Zarr v2) a directory is one run of each C-sorted table, found by 
 the N5 view (axes reversed) by matching coordinates. A sparse 3-D array written by zarr-python,
 with directories that span several shards and shards holding from none to all of their chunks,
 is listed directory by directory in both; what is expected is which chunks zarr-python finds
-non-empty reading the store back.
+non-empty reading the store back. An edge shard whose index also names chunks past the array's
+end lists only the chunks inside it.
 """
 
 from __future__ import annotations
 
 import itertools
 
+import crc32c
 import numpy as np
 import pytest
 import zarr
@@ -66,3 +68,23 @@ async def test_every_directory_lists_the_stored_chunks(sparse, view):
         for path in sorted({c[:d] for c in expected}):
             node = await opened.tree.resolve("/".join(map(str, ("c", *path) if view == "zarr" else path)))
             assert await _files(node, opened.tree, path) == {c for c in expected if c[:d] == path}
+
+
+async def test_index_entries_past_the_array_edge_are_not_listed(tmp_path):
+    """An edge shard whose index (rewritten here, checksum and all) also names the chunks its
+    shard would hold past the array's end: only the chunks inside the array are listed."""
+    root = tmp_path / "edge.zarr"
+    a = zarr.create_array(str(root), shape=(10, 10), shards=(8, 8), chunks=(4, 4), dtype="uint8",
+                          compressors=None, fill_value=0)  # chunk grid 3 x 3; shard (1, 1) holds chunk (2, 2) only
+    a[...] = np.arange(1, 101, dtype=np.uint8).reshape(10, 10)
+    shard = root / "c" / "1" / "1"
+    raw = bytearray(shard.read_bytes())
+    entries = np.frombuffer(bytes(raw[-68:-4]), "<u8").reshape(4, 2).copy()
+    assert (entries[1:] == np.uint64(2**64 - 1)).all(), "zarr-python wrote chunks past the edge"
+    entries[1:] = entries[0]  # chunks (2, 3), (3, 2), (3, 3): the bytes of chunk (2, 2)
+    raw[-68:-4] = entries.astype("<u8").tobytes()
+    raw[-4:] = crc32c.crc32c(bytes(raw[-68:-4])).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+
+    opened = await open_source(str(root))
+    assert await _files(await opened.tree.resolve("c"), opened.tree) == set(itertools.product(range(3), range(3)))
