@@ -127,6 +127,9 @@ def test_bash_completion_is_generated_from_the_parser(tmp_path):
     assert complete("um") == ["umount"]
     assert "--strict" in complete("inspect", "--")
     assert "--lazy" in complete("umount", "--")
+    assert complete("--print-completion", "") == ["bash", "zsh", "tcsh"]
+    refused = run_zvfs("--print-completion", "cmd")
+    assert refused.returncode == 2 and b"invalid choice: 'cmd'" in refused.stderr
 
 
 def test_man_page_is_generated_from_the_parser(tmp_path):
