@@ -63,7 +63,8 @@ _DECODERS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("zvfs_decoders")
 async def decode_step(fn: Callable[..., Any], data: bytes, *args: Any) -> Any:
     """`fn(data, *args)`: a decode (or transcode) step, in a worker thread when `data` is
     large. zlib, zstd, blosc and imagecodecs release the GIL while they work, so the event loop
-    goes on answering the kernel meanwhile, and two chunks decode on two cores. At most one
+    goes on answering the kernel meanwhile, and two chunks decode on two cores
+    (compressed-segmentation 2.3.3 does not: measured in docs/benchmarks.md). At most one
     thread per core decodes at a time: more would not be faster, and every decode in flight
     holds its output outside the decoded-data budget."""
     if len(data) < DECODE_IN_THREAD:
