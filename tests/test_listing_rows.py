@@ -2,11 +2,14 @@
 
 A directory's files come from the shard tables: in views whose path fixes the array's leading
 axes (Zarr v3, Zarr v2) a directory is one run of each C-sorted table, found by bisection; in
-the N5 view (axes reversed) by matching coordinates. A sparse 3-D array written by zarr-python,
-with directories that span several shards and shards holding from none to all of their chunks,
-is listed directory by directory in both; what is expected is which chunks zarr-python finds
-non-empty reading the store back. An edge shard whose index also names chunks past the array's
-end lists only the chunks inside it.
+the N5 view (axes reversed) by matching coordinates. Shards too large to tabulate
+(`zarr3.TABLE_MAX_CHUNKS`, set to 0 here to take that path) give each directory its rows by
+slicing the shard index. A sparse 3-D array written by zarr-python, with directories that span
+several shards and shards holding from none to all of their chunks, is listed directory by
+directory in every view both ways, also with a transpose before sharding (the index then runs
+in another axis order); what is expected is which chunks zarr-python finds non-empty reading
+the store back. An edge shard whose index also names chunks past the array's end lists only
+the chunks inside it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import crc32c
 import numpy as np
 import pytest
 import zarr
+from zarr.codecs import BytesCodec, ShardingCodec, TransposeCodec
 
+from zvfs.errors import MetadataError
+from zvfs.formats import zarr3
 from zvfs.options import parse_options
 from zvfs.source import open_source
 
@@ -25,13 +31,19 @@ SHAPE, SHARD, INNER = (48, 32, 40), (16, 16, 8), (4, 4, 4)  # chunk grid 12 x 8 
 GRID = tuple(s // c for s, c in zip(SHAPE, INNER))
 
 
-@pytest.fixture(scope="module")
-def sparse(tmp_path_factory):
-    """The store, and the chunk coordinates zarr-python finds non-empty in it."""
+@pytest.fixture(scope="module", params=["c-order", "transposed"])
+def sparse(tmp_path_factory, request):
+    """The store, and the chunk coordinates zarr-python finds non-empty in it. "transposed": a
+    transpose (2, 0, 1) before sharding, so the shard index runs over axes 2, 0, 1."""
     root = tmp_path_factory.mktemp("rows") / "sparse.zarr"
     rng = np.random.default_rng(11)
-    a = zarr.create_array(str(root), shape=SHAPE, shards=SHARD, chunks=INNER, dtype="uint16",
-                          compressors=None, fill_value=0)
+    if request.param == "transposed":
+        a = zarr.create_array(str(root), shape=SHAPE, chunks=SHARD, dtype="uint16", compressors=None, fill_value=0,
+                              serializer=ShardingCodec(chunk_shape=INNER, codecs=[BytesCodec()]),
+                              filters=[TransposeCodec(order=(2, 0, 1))])
+    else:
+        a = zarr.create_array(str(root), shape=SHAPE, shards=SHARD, chunks=INNER, dtype="uint16",
+                              compressors=None, fill_value=0)
     data = np.zeros(SHAPE, np.uint16)
     for c in itertools.product(*map(range, GRID)):
         if rng.random() < 0.3 or c[0] == 5:  # chunk row 5 full; shards of other rows partly or not at all
@@ -41,7 +53,7 @@ def sparse(tmp_path_factory):
     back = zarr.open_array(str(root))[...]
     stored = {c for c in itertools.product(*map(range, GRID))
               if back[tuple(slice(i * n, (i + 1) * n) for i, n in zip(c, INNER))].any()}
-    return root, stored
+    return root, stored, request.param == "transposed"
 
 
 async def _files(node, tree, prefix=()) -> set[tuple[int, ...]]:
@@ -56,9 +68,16 @@ async def _files(node, tree, prefix=()) -> set[tuple[int, ...]]:
     return out
 
 
+@pytest.mark.parametrize("rows_from", ["tables", "index slices"])
 @pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
-async def test_every_directory_lists_the_stored_chunks(sparse, view):
-    root, stored = sparse
+async def test_every_directory_lists_the_stored_chunks(sparse, view, rows_from, monkeypatch):
+    root, stored, transposed = sparse
+    if rows_from == "index slices":
+        monkeypatch.setattr(zarr3, "TABLE_MAX_CHUNKS", 0)
+    if transposed and view == "zarr2":  # Zarr v2 has C and F order only
+        with pytest.raises(MetadataError, match="neither C nor F order"):
+            await open_source(str(root), parse_options([f"view={view}"]))
+        return
     opened = await open_source(str(root), parse_options([f"view={view}"]))
     top = await opened.tree.resolve("c" if view == "zarr" else "")
     listed = await _files(top, opened.tree)
@@ -70,7 +89,8 @@ async def test_every_directory_lists_the_stored_chunks(sparse, view):
             assert await _files(node, opened.tree, path) == {c for c in expected if c[:d] == path}
 
 
-async def test_index_entries_past_the_array_edge_are_not_listed(tmp_path):
+@pytest.mark.parametrize("rows_from", ["tables", "index slices"])
+async def test_index_entries_past_the_array_edge_are_not_listed(tmp_path, rows_from, monkeypatch):
     """An edge shard whose index (rewritten here, checksum and all) also names the chunks its
     shard would hold past the array's end: only the chunks inside the array are listed."""
     root = tmp_path / "edge.zarr"
@@ -86,5 +106,8 @@ async def test_index_entries_past_the_array_edge_are_not_listed(tmp_path):
     raw[-4:] = crc32c.crc32c(bytes(raw[-68:-4])).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
 
+    if rows_from == "index slices":
+        monkeypatch.setattr(zarr3, "TABLE_MAX_CHUNKS", 0)
     opened = await open_source(str(root))
     assert await _files(await opened.tree.resolve("c"), opened.tree) == set(itertools.product(range(3), range(3)))
+    assert await _files(await opened.tree.resolve("c/2"), opened.tree, (2,)) == {(2, 0), (2, 1), (2, 2)}

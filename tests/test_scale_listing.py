@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -98,3 +99,28 @@ def test_a_huge_pass_through_directory_stays_inside_the_memory_budget(tmp_path):
             assert (mnt / "junk" / f"file-{i:07d}.txt").read_bytes() == b"x" * (i % 7)
         grown = (_daemon_rss_kib(mnt) - before) >> 10
         assert grown < 64, f"the daemon grew by {grown} MiB listing {n} entries"
+
+
+def test_n5_view_of_large_shards_reads_each_index_once(tmp_path):
+    """Two shards of 20,480 chunks (zarr-python) in the N5 view: its paths fix the trailing
+    axes, so each of the 1,024 leaf directories holds chunks of both shards. `find` over the
+    mount lists exactly the chunks stored, loading each shard index once (counted as index cache
+    misses): the directories slice the cached indexes. (Before, the two shard tables, which did
+    not fit the index cache beside the indexes, evicted each other and every directory loaded
+    both again: 2,116 misses.)"""
+    src = tmp_path / "big-shards.zarr"
+    shape, shard = (40, 32, 32), (20, 32, 32)
+    a = zarr.create_array(str(src), shape=shape, shards=shard, chunks=(1, 1, 1), dtype="uint8",
+                          compressors=None, fill_value=0)
+    rng = np.random.default_rng(3)
+    data = np.where(rng.random(shape) < 0.4, rng.integers(1, 255, shape), 0).astype(np.uint8)
+    a[...] = data
+    expected = {f"{x}/{y}/{z}" for z, y, x in zip(*np.nonzero(zarr.open_array(str(src))[...]))}
+    with zvfs_mount(src, tmp_path / "mnt", options=["view=n5", "index_cache=2M"]) as mnt:
+        stats = mnt / ".zvfs.stats"
+        before = json.loads(stats.read_text())["caches"]["index"]["misses"]
+        found = subprocess.run(["find", ".", "-type", "f", "-name", "[0-9]*"], cwd=mnt, capture_output=True,
+                               text=True, timeout=300, check=True)
+        loaded = json.loads(stats.read_text())["caches"]["index"]["misses"] - before
+        assert {p.removeprefix("./") for p in found.stdout.split()} == expected
+        assert loaded <= 2, f"{loaded} shard indexes or tables loaded to list two shards"

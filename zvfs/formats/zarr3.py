@@ -327,8 +327,7 @@ class ShardIndex:
         return self.entries.nbytes
 
     def present(self) -> np.ndarray:
-        off = self.entries[:, 0]
-        return np.flatnonzero((off != EMPTY) & (off != _BAD))
+        return np.flatnonzero(self.entries[:, 0] < _BAD)  # the two markers are the largest values
 
 
 def decode_index(raw: bytes, level: Level, key: str, container: int | None, version: Version | None = None) -> ShardIndex:
@@ -399,6 +398,13 @@ def _c_sorted(coords: np.ndarray, *columns: np.ndarray) -> tuple:
 #: array of 10**12 mostly unwritten shards lists in time proportional to the shards stored
 ENUMERATE_SHARDS = 4096
 
+#: shards of more chunks than this are never made into chunk tables for listings (one index
+#: level): a directory takes its rows from the cached index by slicing it. An N5 path fixes
+#: the trailing axes, so each directory needs a row of every shard along the leading one; the
+#: tables of ten 10^5-chunk shards (4 MiB each) evicted each other from the index cache and
+#: every directory rebuilt them all: 81 ms per directory of 100 files
+TABLE_MAX_CHUNKS = 1 << 14
+
 
 class ShardedArray:
     """Chunk location and listing for one sharded array whose plan is known."""
@@ -424,6 +430,8 @@ class ShardedArray:
         #: one index level in array axis order: a shard's chunks come out of its index in C
         #: order of their coordinates, and need no sort (a third of a shard table's making)
         self._walks_in_c_order = len(self.plan.levels) == 1 and self.plan.levels[0].perm == tuple(range(self.ndim))
+        #: listings slice the index instead of tabulating the shard (see `TABLE_MAX_CHUNKS`)
+        self._sliced_index = len(self.plan.levels) == 1 and self.plan.levels[0].n > TABLE_MAX_CHUNKS
 
     def shard_key(self, shard: tuple[int, ...]) -> str:
         key = self._keys.get(shard)
@@ -544,15 +552,18 @@ class ShardedArray:
             return _empty_table(self.ndim, key)
         return await self.cache.get(_chunks_key(key, head), lambda: self._chunks(key, shard, head))
 
-    def _listed_table(self, key: str) -> ChunkTable | None:
-        """The chunk table of shard `key` if a listing may use it without awaiting anything:
-        its index and table are cached and the shard was checked within `LISTING_MAX_AGE`."""
+    def _listed_table(self, key: str, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable | None:
+        """The chunk table of shard `key` (its rows with `fixed`, for a shard too large to
+        tabulate) if a listing may use it without awaiting anything: its index (and table) are
+        cached and the shard was checked within `LISTING_MAX_AGE`."""
         ck = ("head", key)
         if not self.cache.checked_within(ck, LISTING_MAX_AGE):
             return None
         head = self.cache.peek(ck)[1]
         if not isinstance(head, ShardIndex):
             return None
+        if self._sliced_index:
+            return self._index_rows(key, shard, head, fixed)
         table = self.cache.hit(_chunks_key(key, head), None)
         return table if isinstance(table, ChunkTable) else None
 
@@ -565,9 +576,7 @@ class ShardedArray:
         if not found:
             return _empty_table(self.ndim, key)
         coords, offsets, lengths = found[0] if len(found) == 1 else (np.concatenate(c) for c in zip(*found))
-        if any((s + 1) * p > g for s, p, g in zip(shard, self.per_shard, self.grid)):  # an edge shard
-            keep = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
-            coords, offsets, lengths = coords[keep], offsets[keep], lengths[keep]
+        coords, offsets, lengths = self._inside(shard, coords, offsets, lengths)
         if self._walks_in_c_order:
             return ChunkTable(coords, offsets, lengths, key=key, version=head.version)
         return ChunkTable(*_c_sorted(coords, offsets, lengths), key=key, version=head.version)
@@ -575,19 +584,60 @@ class ShardedArray:
     async def tables(self, fixed: dict[int, int]) -> list[ChunkTable]:
         """Chunk tables of the shards that can hold chunks with `fixed` grid coordinates
         (axis -> coordinate), each checked against its shard's current version within the
-        last `LISTING_MAX_AGE` (a listing shows what the store holds now)."""
+        last `LISTING_MAX_AGE` (a listing shows what the store holds now). A shard of more
+        than `TABLE_MAX_CHUNKS` chunks gives only its rows with the `fixed` coordinates."""
         shards = await self.stored_shards(fixed)
         # tables cached and checked within the window are taken in line: a trio task per shard
         # cost 30 µs, more than the listing's own work per shard (576 tasks for the 65
         # directories of a 4096-file array), and a listing that needs nothing checked or read
         # does not pass through trio's scheduler; the rest are checked or read concurrently
-        tables: list[ChunkTable | None] = [self._listed_table(self.shard_key(shard)) for shard in shards]
+        sliced = self._sliced_index
+        tables: list[ChunkTable | None] = [self._listed_table(self.shard_key(shard), shard, fixed) for shard in shards]
         todo = [i for i, table in enumerate(tables) if table is None]
         if todo:
-            read = await gather(lambda i=i: self.chunks_in_shard(shards[i], LISTING_MAX_AGE) for i in todo)
+            read = await gather(lambda i=i: self._rows_of(shards[i], fixed) if sliced else
+                                self.chunks_in_shard(shards[i], LISTING_MAX_AGE) for i in todo)
             for i, table in zip(todo, read):
                 tables[i] = table
         return tables  # type: ignore[return-value]
+
+    async def _rows_of(self, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable:
+        key = self.shard_key(shard)
+        try:
+            head = await self.head(key, LISTING_MAX_AGE)
+        except CorruptShardError:
+            head = None
+        return _empty_table(self.ndim, key) if head is None else self._index_rows(key, shard, head, fixed)
+
+    def _index_rows(self, key: str, shard: tuple[int, ...], head: ShardIndex, fixed: dict[int, int]) -> ChunkTable:
+        """The stored chunks of one shard with the `fixed` coordinates, straight from its
+        (one-level) index: the index is a dense array over the shard's chunk grid, so fixing
+        axes is slicing it, and a directory costs its own entries, not its shard's."""
+        level = self.plan.levels[0]
+        entries = head.entries.reshape(*level.grid, 2)
+        free = [j for j, a in enumerate(level.perm) if a not in fixed]
+        sub = entries[tuple(slice(None) if a not in fixed else fixed[a] - shard[a] * g
+                            for a, g in zip(level.perm, level.grid))]
+        flat = sub.reshape(-1, 2)
+        present = np.flatnonzero(flat[:, 0] < _BAD)  # neither empty nor bad
+        coords = np.empty((len(present), self.ndim), dtype=np.int64)
+        for a, value in fixed.items():
+            coords[:, a] = value
+        for j, pos in zip(free, np.unravel_index(present, sub.shape[:-1]) if free else ()):
+            a = level.perm[j]
+            coords[:, a] = pos + shard[a] * level.grid[j]
+        offsets, lengths = flat[present, 0], flat[present, 1]
+        coords, offsets, lengths = self._inside(shard, coords, offsets, lengths)
+        in_order = all(level.perm[i] < level.perm[j] for i, j in zip(free, free[1:]))
+        columns = (coords, offsets, lengths) if in_order else _c_sorted(coords, offsets, lengths)
+        return ChunkTable(*columns, key=key, version=head.version)
+
+    def _inside(self, shard: tuple[int, ...], coords: np.ndarray, *columns: np.ndarray) -> tuple:
+        """The rows inside the array's bounds (only an edge shard has others)."""
+        if all((s + 1) * p <= g for s, p, g in zip(shard, self.per_shard, self.grid)):
+            return (coords, *columns)
+        keep = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
+        return (coords[keep], *(c[keep] for c in columns))
 
     async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int, head: ShardIndex) -> list[tuple]:
         """(grid coords, absolute offsets, lengths) of the innermost chunks below one index."""
