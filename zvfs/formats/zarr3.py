@@ -544,13 +544,17 @@ class ShardedArray:
         (cached beside the indexes), so listing many directories of one shard costs one walk.
         A corrupt shard contributes nothing (it was logged when decoded)."""
         key = self.shard_key(shard)
-        try:
-            head = await self.head(key, max_age)
-        except CorruptShardError:
-            return _empty_table(self.ndim, key)
+        head = await self._listed_head(key, max_age)
         if head is None:
             return _empty_table(self.ndim, key)
         return await self.cache.get(_chunks_key(key, head), lambda: self._chunks(key, shard, head))
+
+    async def _listed_head(self, key: str, max_age: float | None) -> ShardIndex | None:
+        """`head` for a listing: None for a missing or corrupt shard (logged when decoded)."""
+        try:
+            return await self.head(key, max_age)
+        except CorruptShardError:
+            return None
 
     def _listed_table(self, key: str, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable | None:
         """The chunk table of shard `key` (its rows with `fixed`, for a shard too large to
@@ -591,22 +595,20 @@ class ShardedArray:
         # cost 30 µs, more than the listing's own work per shard (576 tasks for the 65
         # directories of a 4096-file array), and a listing that needs nothing checked or read
         # does not pass through trio's scheduler; the rest are checked or read concurrently
-        sliced = self._sliced_index
         tables: list[ChunkTable | None] = [self._listed_table(self.shard_key(shard), shard, fixed) for shard in shards]
         todo = [i for i, table in enumerate(tables) if table is None]
         if todo:
-            read = await gather(lambda i=i: self._rows_of(shards[i], fixed) if sliced else
-                                self.chunks_in_shard(shards[i], LISTING_MAX_AGE) for i in todo)
+            read = await gather(lambda i=i: self._shard_rows(shards[i], fixed) for i in todo)
             for i, table in zip(todo, read):
                 tables[i] = table
         return tables  # type: ignore[return-value]
 
-    async def _rows_of(self, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable:
+    async def _shard_rows(self, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable:
+        """`_listed_table`, awaiting the shard's check and whatever must be read."""
+        if not self._sliced_index:
+            return await self.chunks_in_shard(shard, LISTING_MAX_AGE)
         key = self.shard_key(shard)
-        try:
-            head = await self.head(key, LISTING_MAX_AGE)
-        except CorruptShardError:
-            head = None
+        head = await self._listed_head(key, LISTING_MAX_AGE)
         return _empty_table(self.ndim, key) if head is None else self._index_rows(key, shard, head, fixed)
 
     def _index_rows(self, key: str, shard: tuple[int, ...], head: ShardIndex, fixed: dict[int, int]) -> ChunkTable:
