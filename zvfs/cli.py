@@ -294,7 +294,7 @@ def _control(point: str, name: str) -> dict:
 
 
 def _stats_table(stats: dict, point: str) -> str:
-    counters = ("files_read", "bytes_served", "backend_requests", "backend_bytes", "retries", "eio")
+    counters = ("files_read", "bytes_served", "pushed", "bytes_pushed", "backend_requests", "backend_bytes", "retries", "eio")
     lines = [f"{point}: zvfs {stats.get('zvfs_version', '?')}"]
     lines += [f"  {name.replace('_', ' '):<18} {stats[name]:>14}" for name in counters if name in stats]
     caches = stats.get("caches") or {}

@@ -180,7 +180,8 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
-            ops = ZvfsOperations(opened.tree, opened.control(), opened.root_mode, opts.uid, opts.gid, opts.umask)
+            ops = ZvfsOperations(opened.tree, opened.control(), opened.root_mode, opts.uid, opts.gid, opts.umask,
+                                 push_ahead=opts.readahead)
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)

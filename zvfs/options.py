@@ -38,7 +38,7 @@ OWN = {
     "decoded_cache": ("decoded_cache", "size", "bytes of decoded (gunzipped) chunks and objects to keep (default: a quarter)"),
     "max_requests": ("max_requests", "int", "backend requests in flight at once (default 16)"),
     "max_background": ("max_background", "int", "kernel requests in flight at once on the FUSE connection (default 64)"),
-    "readahead": ("readahead", "size", "remote stores: largest read-ahead window (a walk starts at 4x the read, doubling; default 1M, 0 = off)"),
+    "readahead": ("readahead", "size", "largest read-ahead: remote stores read ahead in a shard walked in order (4x the read, doubling); local stores put the next files of a walk in listing order in the kernel's cache (default 1M, 0 = off)"),
     "request_timeout": ("request_timeout", "float", "remote stores: seconds one request may take (default 20)"),
     "retry_deadline": ("retry_deadline", "float", "remote stores: seconds to keep retrying a failing read before EIO (default 30)"),
     "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),

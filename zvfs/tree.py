@@ -79,6 +79,17 @@ class File(Node):
         it may be a view of a store's buffer (`Store.read_now`)."""
         return await self.read(offset, size)
 
+    def bytes_at_hand(self) -> bytes | memoryview | None:
+        """All of the file's bytes if they can be had without waiting (to hand them to the
+        kernel's cache before the file is opened), else None; may be a view of a store's
+        buffer, as `read_for_reply`."""
+        return None
+
+    def holds_bytes_of(self, earlier: "File") -> bool:
+        """Whether this file still holds the bytes `earlier.bytes_at_hand()` gave, as far as
+        can be told without waiting; False when it cannot tell."""
+        return False
+
 
 @dataclass(slots=True)
 class Rows:
@@ -222,6 +233,17 @@ class RangeFile(File):
                 return data
         return await self.read(offset, size)
 
+    def bytes_at_hand(self) -> bytes | memoryview | None:
+        ref = self.ref
+        if ref.decode is not None or not ref.length:
+            return None
+        return self.store.read_now(ref.key, ref.offset, ref.length, ref.version)
+
+    def holds_bytes_of(self, earlier: File) -> bool:
+        ref = self.ref
+        return (isinstance(earlier, RangeFile) and earlier.ref == ref and ref.version is not None
+                and self.store.still_at(ref.key, ref.version))
+
     async def read(self, offset: int, size: int) -> bytes:
         ref = self.ref
         if ref.decode is not None:
@@ -321,6 +343,20 @@ class ListedDir(Dir):
         return self._by_name.get(name)
 
 
+class _Listing:
+    """One listing's files in `ListedFiles`, and how they are being opened: `last` is the row
+    opened last, `ahead` the first row not yet handed out by `following`."""
+
+    __slots__ = ("when", "lo", "hi", "inos", "make", "last", "ahead")
+
+    def __init__(self, inos: np.ndarray, make: Callable[[int, int], "File"]):
+        self.when = time.monotonic()
+        self.lo, self.hi = int(inos[0]), int(inos[-1])
+        self.inos = inos
+        self.make = make
+        self.last, self.ahead = -1, 0  # (opening row 0 first starts a walk)
+
+
 class ListedFiles:
     """The files of recent listings, by inode number: the kernel opens listed files by number
     right after (`find | xargs cat`, `cp -r` list every directory before the first open), and a
@@ -340,41 +376,64 @@ class ListedFiles:
         self.fresh = fresh
         self.rows = rows
         self._los: list[int] = []  # first numbers of the entries, sorted (their ranges are disjoint)
-        self._entries: dict[int, tuple[float, int, np.ndarray, Callable[[int, int], "File"]]] = {}  # lo -> entry, oldest first
+        self._entries: dict[int, _Listing] = {}  # lo -> entry, oldest first
         self._kept = 0
 
     def add(self, inos: np.ndarray, make: Callable[[int, int], "File"]) -> None:
         """A listing's files: `inos` sorted, `make(ino, i)` the file numbered `inos[i]`."""
         if not len(inos):
             return
-        lo, hi = int(inos[0]), int(inos[-1])
-        j = bisect.bisect_right(self._los, hi)
-        while j > 0 and self._entries[self._los[j - 1]][1] >= lo:  # an older listing of these files
+        entry = _Listing(inos, make)
+        j = bisect.bisect_right(self._los, entry.hi)
+        while j > 0 and self._entries[self._los[j - 1]].hi >= entry.lo:  # an older listing of these files
             self._drop(self._los[j - 1])
             j -= 1
-        bisect.insort(self._los, lo)
-        self._entries[lo] = (time.monotonic(), hi, inos, make)
+        bisect.insort(self._los, entry.lo)
+        self._entries[entry.lo] = entry
         self._kept += len(inos)
         while self._kept > self.rows and len(self._entries) > 1:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, lo: int) -> None:
-        _, _, inos, _ = self._entries.pop(lo)
+        entry = self._entries.pop(lo)
         self._los.remove(lo)
-        self._kept -= len(inos)
+        self._kept -= len(entry.inos)
 
-    def get(self, ino: int) -> "File | None":
+    def _find(self, ino: int) -> tuple[_Listing | None, int]:
+        """The fresh entry listing `ino`, and its row there."""
         j = bisect.bisect_right(self._los, ino) - 1
         if j < 0:
-            return None
-        lo = self._los[j]
-        when, hi, inos, make = self._entries[lo]
-        if ino > hi or time.monotonic() - when > self.fresh:
-            return None
-        if hi - lo + 1 == len(inos):  # dense: every number from lo to hi is a listed file
-            return make(ino, ino - lo)
+            return None, 0
+        entry = self._entries[self._los[j]]
+        if ino > entry.hi or time.monotonic() - entry.when > self.fresh:
+            return None, 0
+        inos = entry.inos
+        if entry.hi - entry.lo + 1 == len(inos):  # dense: every number from lo to hi is a listed file
+            return entry, ino - entry.lo
         i = int(inos.searchsorted(ino))
-        return make(ino, i) if i < len(inos) and inos.item(i) == ino else None
+        return (entry, i) if i < len(inos) and inos.item(i) == ino else (None, 0)
+
+    def get(self, ino: int) -> "File | None":
+        entry, i = self._find(ino)
+        return None if entry is None else entry.make(ino, i)
+
+    def following(self, ino: int, count: int) -> list["File"]:
+        """`ino` was just opened: if the opens of its listing walk it in order (`ino` is the
+        file after the one opened last: `cp -r`, `find | xargs cat`, an array read in C order),
+        the files that walk opens next, up to `count` past `ino`, each handed out once; else
+        none (random opens: a loader, a viewer)."""
+        entry, i = self._find(ino)
+        if entry is None:
+            return []
+        walking, entry.last = i == entry.last + 1, i
+        if not walking:
+            return []
+        start, stop = max(i + 1, entry.ahead), min(i + 1 + count, len(entry.inos))
+        if start >= stop:
+            return []
+        entry.ahead = stop
+        make, inos = entry.make, entry.inos
+        return [make(inos.item(r), r) for r in range(start, stop)]
 
     def clear(self) -> None:
         self._los.clear()

@@ -71,6 +71,11 @@ class Store(abc.ABC):
         copies out at once: no copy of the chunk in Python)."""
         return None
 
+    def still_at(self, key: str, version: Version) -> bool:
+        """Whether `key` is still at `version`, if that can be told without waiting (locally:
+        the stat of an open descriptor); False when it cannot."""
+        return False
+
     @abc.abstractmethod
     async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
         """Like `read` (exact range, no read-ahead), plus the version the bytes were read from

@@ -509,6 +509,15 @@ class LocalStore(Store):
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
         raise ShardChanged(key)
 
+    def still_at(self, key: str, version: Version) -> bool:
+        o = self._fds.get(key)
+        if o is None or not o.local:
+            return False
+        try:
+            return _matches(os.fstat(o.fd), version)
+        except OSError:
+            return False
+
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
                    expect: Version | None = None) -> bytes | None:
         now = self.read_now(key, start, length, expect)  # type: ignore[arg-type]  # (None length: not now)
