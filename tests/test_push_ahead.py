@@ -27,30 +27,37 @@ from conftest import zvfs_mount
 
 pytestmark = pytest.mark.mount
 
-SHAPE, SHARD, INNER = (64, 512), (32, 512), (16, 16)  # 4 x 32 chunks in 2 shards; c/<i>/<j>
-ROWS, COLS = SHAPE[0] // INNER[0], SHAPE[1] // INNER[1]
-CHUNK_BYTES = INNER[0] * INNER[1] * 2
+ROWS, COLS = 4, 32  # chunks c/<i>/<j> in 2 shards of 2 x 32
+#: inner chunk shapes: 512-byte files (pushed before the open answers) and 32 KiB files (pushed
+#: by a task once it has answered)
+INNERS = {"512B": (16, 16), "32KiB": (128, 128)}
 WALKS = 6  # passes of each concurrent walker (without the rule that open files are never pushed, the mount hung in 6 of 6 runs)
 
 
-def _write(root: Path, data: np.ndarray) -> None:
-    a = zarr.create_array(str(root), shape=SHAPE, shards=SHARD, chunks=INNER, dtype="uint16", fill_value=0,
-                          compressors=None, overwrite=True)
-    a[...] = data
+def _write(root: Path, inner: tuple[int, int], seed: int) -> None:
+    shape = (ROWS * inner[0], COLS * inner[1])
+    a = zarr.create_array(str(root), shape=shape, shards=(shape[0] // 2, shape[1]), chunks=inner, dtype="uint16",
+                          fill_value=0, compressors=None, overwrite=True)
+    a[...] = np.random.default_rng(seed).integers(1, 60000, shape, dtype=np.uint16)
 
 
 def _expected(root: Path) -> dict[str, bytes]:
     """Each chunk file's bytes, from zarr-python reading the store (not from zvfs)."""
-    arr = zarr.open_array(str(root))[...]
-    return {f"c/{i}/{j}": arr[i * 16:(i + 1) * 16, j * 16:(j + 1) * 16].astype("<u2").tobytes()
+    a = zarr.open_array(str(root))
+    arr, (h, w) = a[...], a.chunks
+    return {f"c/{i}/{j}": arr[i * h:(i + 1) * h, j * w:(j + 1) * w].astype("<u2").tobytes()
             for i in range(ROWS) for j in range(COLS)}
 
 
-@pytest.fixture
-def store(tmp_path):
+@pytest.fixture(params=list(INNERS))
+def store(tmp_path, request):
     root = tmp_path / "store.zarr"
-    _write(root, np.random.default_rng(11).integers(1, 60000, SHAPE, dtype=np.uint16))
+    _write(root, INNERS[request.param], 11)
     return root
+
+
+def _chunk_bytes(store: Path) -> int:
+    return int(np.prod(zarr.open_array(str(store)).chunks)) * 2
 
 
 def _stats(mnt: Path) -> dict:
@@ -71,8 +78,9 @@ def test_a_walk_in_listing_order_reads_from_pushed_pages(store, tmp_path):
             assert (mnt / f).read_bytes() == expected[f], f
         s = _stats(mnt)
     # the first file of each directory is read (its open starts the walk), the rest pushed
-    assert s["pushed"] == len(files) - ROWS and s["bytes_pushed"] == s["pushed"] * CHUNK_BYTES
-    assert s["bytes_served"] == ROWS * CHUNK_BYTES
+    size = _chunk_bytes(store)
+    assert s["pushed"] == len(files) - ROWS and s["bytes_pushed"] == s["pushed"] * size
+    assert s["bytes_served"] == ROWS * size
     assert s["changed"] == 0
 
 
@@ -86,7 +94,7 @@ def test_opens_out_of_listing_order_push_nothing(store, tmp_path, order):
             assert (mnt / f).read_bytes() == expected[f], f
         s = _stats(mnt)
     assert s["pushed"] == 0
-    assert s["bytes_served"] == len(files) * CHUNK_BYTES
+    assert s["bytes_served"] == len(files) * _chunk_bytes(store)
 
 
 def test_readahead_0_pushes_nothing(store, tmp_path):
@@ -96,12 +104,12 @@ def test_readahead_0_pushes_nothing(store, tmp_path):
         for f in files:
             assert (mnt / f).read_bytes() == expected[f], f
         s = _stats(mnt)
-    assert s["pushed"] == 0 and s["bytes_served"] == len(files) * CHUNK_BYTES
+    assert s["pushed"] == 0 and s["bytes_served"] == len(files) * _chunk_bytes(store)
 
 
 def test_a_shard_rewritten_in_place_after_the_push_reads_as_the_new_data(store, tmp_path):
     update = tmp_path / "update.zarr"
-    _write(update, np.random.default_rng(12).integers(1, 60000, SHAPE, dtype=np.uint16))
+    _write(update, zarr.open_array(str(store)).chunks, 12)
     old, new = _expected(store), _expected(update)
     shard, new_shard = store / "c" / "0" / "0", (update / "c" / "0" / "0").read_bytes()
     with zvfs_mount(store, tmp_path / "mnt") as mnt:
@@ -144,7 +152,7 @@ def test_concurrent_walkers_with_files_held_open_never_hang(store, tmp_path):
                     for fh, f in zip(handles, files[5::7]):
                         # out of the kernel's cache: every read is a READ request (a page lock)
                         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-                        if os.pread(fh.fileno(), CHUNK_BYTES, 0) != expected[f]:
+                        if os.pread(fh.fileno(), len(expected[f]), 0) != expected[f]:
                             errors.append(f)
             finally:
                 for fh in handles:
