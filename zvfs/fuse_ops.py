@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ _CONTROL = frozenset(CONTROL_INOS.values())
 #: -> 1.12 (medians of 5 alternated runs)
 PUSH_FILES, PUSH_MAX_FILE, PUSHED_KEPT = 4, BLKSIZE, 4096
 PUSH_NOW_MAX = 16 << 10
+_UNSET = object()
+_FS_ENCODING = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 
 
@@ -248,21 +251,27 @@ class ZvfsOperations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_uid, a.st_gid, a.st_blksize = self.uid, self.gid, BLKSIZE
         a.entry_timeout, a.generation = TIMEOUT, 0
-        perm, stamp = self._perm, self.stamp_ns
+        shown: dict[tuple[bool, int | None], int] = {}  # (is_dir, the store's bits) -> st_mode
+        reply, stamp, last_mtime = pyfuse3.readdir_reply, self.stamp_ns, _UNSET
         names, inos, dirs, sizes, modes, mtimes = rows.names, rows.inos, rows.is_dir, rows.sizes, rows.modes, rows.mtimes
         for i in range(start_id, len(names)):
+            is_dir, mode, size = dirs[i], modes[i], sizes[i]
             a.st_ino = inos[i]
-            mode, mtime, size = modes[i], mtimes[i], sizes[i]
-            if dirs[i]:
-                a.st_mode = stat.S_IFDIR | perm(True, mode)
+            st_mode = shown.get((is_dir, mode))
+            if st_mode is None:
+                st_mode = shown[(is_dir, mode)] = (stat.S_IFDIR if is_dir else stat.S_IFREG) | self._perm(is_dir, mode)
+            a.st_mode = st_mode
+            if is_dir:
                 a.st_nlink, a.st_size, a.attr_timeout = 2, 0, TIMEOUT
             else:
-                a.st_mode = stat.S_IFREG | perm(False, mode)
                 a.st_nlink = 1
                 a.st_size, a.attr_timeout = (0, 0) if size is None else (size, TIMEOUT)
             a.st_blocks = (a.st_size + 511) // 512
-            a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = stamp if mtime is None else int(mtime * 1e9)
-            if not pyfuse3.readdir_reply(token, os.fsencode(names[i]), a, i + 1):
+            mtime = mtimes[i]
+            if mtime is not last_mtime:  # (a shard's files share one: times set once per shard)
+                last_mtime = mtime
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = stamp if mtime is None else int(mtime * 1e9)
+            if not reply(token, names[i].encode(*_FS_ENCODING), a, i + 1):  # os.fsencode, without its frame
                 break
 
     async def releasedir(self, fh):

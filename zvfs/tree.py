@@ -378,6 +378,7 @@ class ListedFiles:
         self._los: list[int] = []  # first numbers of the entries, sorted (their ranges are disjoint)
         self._entries: dict[int, _Listing] = {}  # lo -> entry, oldest first
         self._kept = 0
+        self._hit: tuple[int, _Listing | None, int] = (-1, None, 0)
 
     def add(self, inos: np.ndarray, make: Callable[[int, int], "File"]) -> None:
         """A listing's files: `inos` sorted, `make(ino, i)` the file numbered `inos[i]`."""
@@ -395,12 +396,17 @@ class ListedFiles:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, lo: int) -> None:
+        self._hit = (-1, None, 0)
         entry = self._entries.pop(lo)
         self._los.remove(lo)
         self._kept -= len(entry.inos)
 
     def _find(self, ino: int) -> tuple[_Listing | None, int]:
-        """The fresh entry listing `ino`, and its row there."""
+        """The fresh entry listing `ino`, and its row there (the last one found is kept: an
+        open asks `get`, then `following`, for the same number)."""
+        hit = self._hit
+        if hit[0] == ino and time.monotonic() - hit[1].when <= self.fresh:  # type: ignore[union-attr]
+            return hit[1], hit[2]
         j = bisect.bisect_right(self._los, ino) - 1
         if j < 0:
             return None, 0
@@ -409,9 +415,13 @@ class ListedFiles:
             return None, 0
         inos = entry.inos
         if entry.hi - entry.lo + 1 == len(inos):  # dense: every number from lo to hi is a listed file
-            return entry, ino - entry.lo
-        i = int(inos.searchsorted(ino))
-        return (entry, i) if i < len(inos) and inos.item(i) == ino else (None, 0)
+            i = ino - entry.lo
+        else:
+            i = int(inos.searchsorted(ino))
+            if i == len(inos) or inos.item(i) != ino:
+                return None, 0
+        self._hit = (ino, entry, i)
+        return entry, i
 
     def get(self, ino: int) -> "File | None":
         entry, i = self._find(ino)
@@ -439,6 +449,7 @@ class ListedFiles:
         self._los.clear()
         self._entries.clear()
         self._kept = 0
+        self._hit = (-1, None, 0)
 
 
 class InodeRange:
