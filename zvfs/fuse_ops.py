@@ -5,7 +5,9 @@ Entries and attributes get long timeouts and pages are kept in the kernel cache
 replaced while mounted) is noticed when a chunk file is opened (`File.revalidate`: one stat
 locally) or by a read whose shard no longer has the expected version; the kernel's cached
 size and pages of that file are then invalidated before anything is read, so a reader gets
-the chunk as it was or as it is, or EIO, never bytes of another chunk.
+the chunk as it was or as it is, or EIO, never bytes of another chunk. Chunk files opened in
+listing order get the next files' bytes put in the kernel's page cache ahead of their opens
+(`_push_ahead_of`): their reads never reach the daemon.
 
 Every handler turns failures into an errno: a corrupt shard or a backend fault is EIO for that
 one request, and the daemon never dies from its input. `flush` and the xattr handlers are
@@ -340,11 +342,18 @@ class ZvfsOperations(pyfuse3.Operations):
             trio.lowlevel.spawn_system_task(self._push_queued)
 
     async def _push_queued(self) -> None:
+        def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
+            self._pusher = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
         while True:
             while self._to_push:
-                self._push(self._to_push.popleft())
+                try:
+                    self._push(self._to_push.popleft())
+                except Exception:  # noqa: BLE001 - a system task must not die (it would end the mount)
+                    log.exception("pushing files ahead failed")
             self._pusher = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.SUCCEEDED)
+            await trio.lowlevel.wait_task_rescheduled(abort)
 
     def _push(self, files: list[File]) -> None:
         """Only files with no open handle: a read of an open file may hold its pages locked
