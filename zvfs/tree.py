@@ -370,7 +370,10 @@ class ListedFiles:
     not used, and at most `rows` files are kept: about 200 bytes each with what `make` holds
     (Python lists: reading numpy scalars back cost 0.5 µs more per open), 13 MiB in all. More
     would not help: the opens that use them come within a directory or an `xargs` batch of
-    the listing, and `find` runs ahead of `cat` faster than any cap would follow."""
+    the listing, and `find` runs ahead of `cat` faster than any cap would follow.
+
+    Each entry also follows how its files are opened (`following`): a walk in listing order
+    is told from random opens, so that the files it opens next can be pushed ahead."""
 
     def __init__(self, fresh: float = 5.0, rows: int = 1 << 16):
         self.fresh = fresh
