@@ -13,7 +13,7 @@ original (or with the data the writer was given).
   inspect; an annotation dataset refuses an array view with one line.
 
 Every file's size is checked on the way: `known_size` (what a listing shows), `size` and the
-bytes read agree.
+bytes read agree, and so do the bytes a walk would push ahead of an open (`bytes_at_hand`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ async def _copy(node, dest: Path) -> None:
         known, size = child.known_size(), await child.size()
         data = await child.read(0, size + 1)
         assert len(data) == size and known in (None, size), f"{dest / name}: sizes {known}, {size}, read {len(data)}"
+        at_hand = child.bytes_at_hand()  # what a walk would push into the kernel's cache for this file
+        assert at_hand is None or bytes(at_hand) == data, f"{dest / name}: bytes at hand differ from the file's"
         (dest / name).write_bytes(data)
 
 

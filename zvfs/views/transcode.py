@@ -183,6 +183,10 @@ class ChunkFile(RangeFile):
         buffer, the bytes `read` makes."""
         return await self.read(offset, size)
 
+    def bytes_at_hand(self) -> None:
+        """Never the stored range (see `read_for_reply`): nothing to push ahead."""
+        return None
+
     async def read(self, offset: int, size: int) -> bytes:
         enc, ref = self.encoding, self.ref
         if not enc.direct(ref, self.coords):
