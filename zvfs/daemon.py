@@ -181,7 +181,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
         mounted = False
         try:
             ops = ZvfsOperations(opened.tree, opened.control(), opened.root_mode, opts.uid, opts.gid, opts.umask,
-                                 push_ahead=opts.readahead)
+                                 push_ahead=opts.readahead if opened.local else 0)
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)

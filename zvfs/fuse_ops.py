@@ -143,6 +143,7 @@ class ZvfsOperations(pyfuse3.Operations):
         #: many handles each open inode has (a file with one is never pushed)
         self.push_ahead = push_ahead
         self._pushed: OrderedDict[int, File] = OrderedDict()
+        self._unchecked: set[int] = set()  # pushed files being dropped from the kernel's cache
         self._opened: dict[int, int] = {}
         self._to_push: deque[list[File]] = deque()  # files to push once their opens answered
         self._to_push_started = False
@@ -299,6 +300,8 @@ class ZvfsOperations(pyfuse3.Operations):
             if self._pushed:
                 pushed = self._pushed.pop(inode, None)
                 changed = changed or pushed is not None and not file.holds_bytes_of(pushed)
+            if self._unchecked and inode in self._unchecked:
+                changed = True
             if changed:
                 await self._forget_cached(inode)
         except pyfuse3.FUSEError:
@@ -325,21 +328,20 @@ class ZvfsOperations(pyfuse3.Operations):
         4 readers 1.12 -> 1.08.)"""
         try:
             ahead = self.tree.listed.following(file.ino, PUSH_FILES)
-        except Exception:  # noqa: BLE001 - a push is only a hint: the opens will read
-            log.exception("cannot tell the files after inode %d", file.ino)
-            return
-        if not ahead:
-            return
-        if (file.known_size() or 0) <= PUSH_NOW_MAX or len(self._open) > 1:
-            self._push(ahead)
-            return
-        self._to_push.append(ahead)
-        if self._pusher is not None:
-            task, self._pusher = self._pusher, None
-            trio.lowlevel.reschedule(task)
-        elif not self._to_push_started:
-            self._to_push_started = True
-            trio.lowlevel.spawn_system_task(self._push_queued)
+            if not ahead:
+                return
+            if (file.known_size() or 0) <= PUSH_NOW_MAX or len(self._open) > 1:
+                self._push(ahead)
+                return
+            self._to_push.append(ahead)
+            if self._pusher is not None:
+                task, self._pusher = self._pusher, None
+                trio.lowlevel.reschedule(task)
+            elif not self._to_push_started:
+                self._to_push_started = True
+                trio.lowlevel.spawn_system_task(self._push_queued)
+        except Exception:  # noqa: BLE001 - a push is only a hint (the opens will read), and
+            log.exception("pushing the files after inode %d failed", file.ino)  # must not end the mount
 
     async def _push_queued(self) -> None:
         def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
@@ -372,16 +374,25 @@ class ZvfsOperations(pyfuse3.Operations):
                 data = file.bytes_at_hand()
                 if data is None:
                     break
+                self._pushed[file.ino] = file  # (first: a store that fails half way may leave pages)
                 pyfuse3.notify_store(file.ino, 0, data)
             except Exception as e:  # noqa: BLE001 - a push is only a hint: the open will read
                 log.debug("not pushed ahead: inode %d: %s", file.ino, e)
                 break
             budget -= size
-            self._pushed[file.ino] = file
             self.counters.pushed += 1
             self.counters.bytes_pushed += size
         while len(self._pushed) > PUSHED_KEPT:  # never opened: the kernel must not keep them unchecked
-            trio.lowlevel.spawn_system_task(self._drop_cached, self._pushed.popitem(last=False)[0])
+            trio.lowlevel.spawn_system_task(self._drop_pushed, self._pushed.popitem(last=False)[0])
+
+    async def _drop_pushed(self, inode: int) -> None:
+        """A pushed file no longer kept track of: its pages leave the kernel's cache, and an
+        open before they have is treated as of a changed file."""
+        self._unchecked.add(inode)
+        try:
+            await self._drop_cached(inode)
+        finally:
+            self._unchecked.discard(inode)
 
     async def _forget_cached(self, inode: int) -> None:
         """The kernel holds the size and pages of an old version of this file: drop them before

@@ -45,6 +45,11 @@ class OpenSource:
         of the mount is shown with wider ones."""
         return os.stat(self.store.root).st_mode & 0o777 if isinstance(self.store, LocalStore) else None
 
+    @property
+    def local(self) -> bool:
+        """A local store: chunk bytes can be at hand without waiting (pushed ahead of opens)."""
+        return isinstance(self.store, LocalStore)
+
     def caches(self) -> dict[str, CoalescingCache]:
         named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings}
         return {name: cache for name, cache in named.items() if cache is not None}

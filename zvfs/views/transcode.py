@@ -187,6 +187,9 @@ class ChunkFile(RangeFile):
         """Never the stored range (see `read_for_reply`): nothing to push ahead."""
         return None
 
+    def holds_bytes_of(self, earlier: File) -> bool:
+        return False
+
     async def read(self, offset: int, size: int) -> bytes:
         enc, ref = self.encoding, self.ref
         if not enc.direct(ref, self.coords):
