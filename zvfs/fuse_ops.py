@@ -50,8 +50,8 @@ _CONTROL = frozenset(CONTROL_INOS.values())
 #: files a walk's open pushes ahead of it (`_push_ahead_of`), the largest file pushed, and
 #: how many pushed files are kept track of. Small files only: the kernel stores pushed bytes
 #: page by page (25 us per 64 KiB file here, against 5 for 4 KiB), while a READ fills large
-#: folios; `find | xargs cat`, zvfs/floor: 4 KiB 1.24 -> 1.04, 64 KiB 1.19 -> 1.13, 1 MiB 1.08
-#: -> 1.12 (medians of 5 alternated runs)
+#: folios; `find | xargs cat`, zvfs/floor: 1 MiB files 1.08 -> 1.12 if pushed (medians of 5
+#: alternated runs). Files up to PUSH_NOW_MAX are pushed before the open answers.
 PUSH_FILES, PUSH_MAX_FILE, PUSHED_KEPT = 4, BLKSIZE, 4096
 PUSH_NOW_MAX = 16 << 10
 _UNSET = object()
@@ -360,9 +360,10 @@ class ZvfsOperations(pyfuse3.Operations):
     def _push(self, files: list[File]) -> None:
         """Only files with no open handle: a read of an open file may hold its pages locked
         until this loop answers it, and the push would wait for that lock for ever (a mount
-        without this rule hung). The check and the push run with no await between them. An
-        open of a pushed file checks that its bytes are still current
-        (`File.holds_bytes_of`), else the kernel drops them."""
+        without this rule hung). The check and the push run with no await between them. The
+        bytes are checked once, at the open of a pushed file (`File.holds_bytes_of`: its
+        shard still at the version its listing saw), else the kernel drops them; a pushed file
+        no longer kept track of is dropped, and until it is, opened as a changed one."""
         budget = self.push_ahead
         for file in files:
             size = file.known_size()
@@ -383,12 +384,11 @@ class ZvfsOperations(pyfuse3.Operations):
             self.counters.pushed += 1
             self.counters.bytes_pushed += size
         while len(self._pushed) > PUSHED_KEPT:  # never opened: the kernel must not keep them unchecked
-            trio.lowlevel.spawn_system_task(self._drop_pushed, self._pushed.popitem(last=False)[0])
+            inode = self._pushed.popitem(last=False)[0]
+            self._unchecked.add(inode)  # (now: the drop below runs later)
+            trio.lowlevel.spawn_system_task(self._drop_pushed, inode)
 
     async def _drop_pushed(self, inode: int) -> None:
-        """A pushed file no longer kept track of: its pages leave the kernel's cache, and an
-        open before they have is treated as of a changed file."""
-        self._unchecked.add(inode)
         try:
             await self._drop_cached(inode)
         finally:

@@ -80,9 +80,10 @@ class File(Node):
         return await self.read(offset, size)
 
     def bytes_at_hand(self) -> bytes | memoryview | None:
-        """All of the file's bytes if they can be had without waiting (to hand them to the
-        kernel's cache before the file is opened), else None; may be a view of a store's
-        buffer, as `read_for_reply`."""
+        """All of the file's bytes as stored now, if they can be had without waiting (to hand
+        them to the kernel's cache before the file is opened), else None; may be a view of a
+        store's buffer, as `read_for_reply`. Not checked against a version: whoever uses them
+        checks `holds_bytes_of` before they are read (the FUSE front, at the open)."""
         return None
 
     def holds_bytes_of(self, earlier: "File") -> bool:
@@ -237,7 +238,7 @@ class RangeFile(File):
         ref = self.ref
         if ref.decode is not None or not ref.length:
             return None
-        return self.store.read_now(ref.key, ref.offset, ref.length, ref.version)
+        return self.store.read_now(ref.key, ref.offset, ref.length)
 
     def holds_bytes_of(self, earlier: File) -> bool:
         ref = self.ref

@@ -327,7 +327,13 @@ class ShardIndex:
         return self.entries.nbytes
 
     def present(self) -> np.ndarray:
-        return np.flatnonzero(self.entries[:, 0] < _BAD)  # the two markers are the largest values
+        return _stored(self.entries)
+
+
+def _stored(entries: np.ndarray) -> np.ndarray:
+    """Rows of (offset, length) index entries that hold a chunk: neither empty nor bad (the two
+    markers are the largest offsets)."""
+    return np.flatnonzero(entries[:, 0] < _BAD)
 
 
 def decode_index(raw: bytes, level: Level, key: str, container: int | None, version: Version | None = None) -> ShardIndex:
@@ -621,7 +627,7 @@ class ShardedArray:
         sub = entries[tuple(slice(None) if a not in fixed else fixed[a] - shard[a] * g
                             for a, g in zip(level.perm, level.grid))]
         flat = sub.reshape(-1, 2)
-        present = np.flatnonzero(flat[:, 0] < _BAD)  # neither empty nor bad
+        present = _stored(flat)
         coords = np.empty((len(present), self.ndim), dtype=np.int64)
         for a, value in fixed.items():
             coords[:, a] = value
