@@ -23,7 +23,22 @@ only the stored chunks: listing them would mean building every grid position (a 
 grid is 10^6 entries for a handful of stored chunks).
 
 OME-Zarr multiscale images carry the N5 multiscale conventions (views/ome.py); their levels
-are named s0, s1, ... as those tools require.
+are named s0, s1, ... as those tools require. OME-Zarr 0.5 groups (images, labels, HCS plates
+and wells) carry their OME metadata in the 0.4 form, the one N5 tools that read OME-NGFF from
+N5 containers know (0.5 exists only for Zarr v3).
+
+Attributes: N5 readers give meaning to some attribute names (the N5 spec's dataset keys,
+tensorstore's per-dimension `axes`, `units`, `resolution`, the multiscale conventions of
+BigDataViewer, n5-viewer and Paintera). A store's attribute of such a name would be read as
+that key: CF's `units: "K"` is read by tensorstore as the units of each dimension, which
+refuses the dataset ("Expected array"). So such attributes move under one key, `zarr`
+(`{"zarr": {"attributes": {"units": "K"}}}`); every other attribute stays where it is. The
+only ones kept in place are per-dimension conventions of an array whose N5 dimensions are its
+own axes (Fortran-ordered) when they already have the convention's form: the `resolution`,
+`pixelResolution` and `downsamplingFactors` a precomputed scale carries for N5 viewers. Every
+dataset also says, under `zarr.axis_order`, which axis of the array each N5 dimension is
+(reversed for C-ordered arrays, kept for Fortran-ordered ones), besides the N5 `axes` named
+from the dimension names.
 """
 
 from __future__ import annotations
@@ -33,19 +48,27 @@ import struct
 
 import numpy as np
 
-from ..formats.array import ArrayModel, ChunkSource, ChunkTableLike, GroupModel
-from ..formats.chunkref import ChunkRef
+from ..formats.array import ArrayModel, ChunkSource, GroupModel
 from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of
 from ..formats.zarr3 import child_path
 from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible
-from .ome import N5Multiscale
-from .transcode import FILL_KEY, Encoding, simple
-from .zarr2 import dimension_names
+from .ome import N5Multiscale, ome04_attributes
+from .transcode import Encoding, simple
+from .zarr2 import FilledSource, dimension_names
 
 N5_VERSION = "2.0.0"  # older Java readers refuse newer versions than theirs
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}
-DATASET_KEYS = ("dimensions", "blockSize", "dataType", "compression", "axes")
+#: the key that holds what N5 names cannot (see the module docstring)
+NAMESPACE = "zarr"
+#: attribute names N5 readers give a meaning: the N5 spec (the root's version, the dataset
+#: keys, N5 1.x's `compressionType`), tensorstore's n5 driver (`axes`, `units`, `resolution`,
+#: one entry per dimension), the multiscale conventions of BigDataViewer, n5-viewer and
+#: Paintera (`multiScale`, `scales`, `downsamplingFactors`, `pixelResolution`, `offset`,
+#: `affineTransform`), and the namespace itself
+RESERVED = frozenset({"n5", "dimensions", "blockSize", "dataType", "compression", "compressionType", "axes", "units",
+                      "resolution", "multiScale", "scales", "downsamplingFactors", "pixelResolution", "offset",
+                      "affineTransform", NAMESPACE})
 
 
 def n5_compression(codec) -> dict:
@@ -78,6 +101,42 @@ def per_dimension(attrs: dict, ndim: int) -> dict:
     return out
 
 
+def _numbers(value, ndim: int) -> bool:
+    return (isinstance(value, list) and 0 < len(value) <= ndim
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+
+
+#: per-dimension conventions a Fortran-ordered array may carry in place, and their form
+CONVENTION_FORMS = {
+    "resolution": _numbers,
+    "downsamplingFactors": _numbers,
+    "units": lambda v, n: isinstance(v, list) and 0 < len(v) <= n and all(isinstance(u, str) for u in v),
+    "pixelResolution": lambda v, n: (isinstance(v, dict) and set(v) == {"unit", "dimensions"}
+                                     and isinstance(v["unit"], str) and _numbers(v["dimensions"], n)),
+}
+
+
+def in_convention_form(key: str, value, ndim: int) -> bool:
+    """Whether an attribute already is what the N5 conventions mean by its name for a dataset
+    of `ndim` dimensions listed in the array's own axis order."""
+    form = CONVENTION_FORMS.get(key)
+    return form is not None and form(value, ndim)
+
+
+def n5_attributes(attrs: dict, own: dict, zarr: dict, keep=lambda key, value: False) -> dict:
+    """`own` (the view's N5 keys) and the stored attributes: those of a reserved name under
+    `zarr.attributes` unless `keep(name, value)` (and not one of `own`'s), beside `zarr`'s
+    entries (the axis order)."""
+    user, moved = {}, {}
+    for key, value in attrs.items():
+        if key in RESERVED and (key in own or not keep(key, value)):
+            moved[key] = value
+        else:
+            user[key] = value
+    namespace = {**zarr, **({"attributes": moved} if moved else {})}
+    return {**user, **own, **({NAMESPACE: namespace} if namespace else {})}
+
+
 def n5_axes(chain: Chain, ndim: int) -> tuple[int, ...]:
     """The model axes in N5's order (fastest-varying first), see the module docstring."""
     fortran = ndim > 1 and chain.order == tuple(reversed(range(ndim)))
@@ -98,31 +157,10 @@ def n5_encoding(node: ArrayModel, chain: Chain, output_codec) -> Encoding:
                     full_edges=False, header=header)
 
 
-class FilledSource:
-    """A chunk source where every grid position exists: a chunk not stored is a fill block.
-    Listings (tables) show the stored chunks only; see the module docstring."""
-
-    def __init__(self, inner: ChunkSource):
-        self.inner = inner
-        self.grid = inner.grid
-        self.ndim = inner.ndim
-
-    def in_grid(self, coords) -> bool:
-        return self.inner.in_grid(coords)
-
-    async def locate(self, coords) -> ChunkRef | None:
-        if not self.in_grid(coords):
-            return None
-        return await self.inner.locate(coords) or ChunkRef(FILL_KEY, 0, 0)
-
-    async def tables(self, fixed: dict[int, int]) -> list[ChunkTableLike]:
-        return await self.inner.tables(fixed)
-
-
 class N5View(HierarchyView):
     name = "n5"
 
-    def __init__(self, store, nodes, decoded, listings=None, compression: str = "raw"):
+    def __init__(self, store, nodes, *args, compression: str = "raw", **kwargs):
         self.output_codec = None if compression == "raw" else {"name": compression, "configuration": {}}
         self.filled: set[str] = set()  # arrays whose missing chunks are fill blocks
         self.multiscales: dict[str, N5Multiscale] = {}  # image group path -> its N5 conventions
@@ -138,7 +176,7 @@ class N5View(HierarchyView):
         for path, ms in self.multiscales.items():
             if set(self._shown_children(nodes[path])) & set(ms.names):  # a child already has a level's name
                 ms.names = {}
-        super().__init__(store, nodes, decoded, listings)
+        super().__init__(store, nodes, *args, **kwargs)
 
     def encoding(self, node: ArrayModel) -> Encoding:
         if node.warning:
@@ -182,17 +220,17 @@ class N5View(HierarchyView):
     def source(self, node: ArrayModel) -> ChunkSource:
         return FilledSource(node.chunks) if node.path in self.filled else node.chunks
 
-    def _attributes(self, attrs: dict, own: dict, path: str) -> bytes:
-        user = {k: v for k, v in attrs.items() if k not in own and k not in DATASET_KEYS and k != "n5"}
+    @staticmethod
+    def _file(path: str, attributes: dict) -> dict[str, bytes]:
         root = {"n5": N5_VERSION} if path == "" else {}
-        return json.dumps({**root, **user, **own}, indent=2).encode()
+        return {"attributes.json": json.dumps({**root, **attributes}, indent=2).encode()}
 
     def group_files(self, group: GroupModel) -> dict[str, bytes]:
         attrs = group.attributes
         ms = self.multiscales.get(group.path)
         if ms is not None:
-            return {"attributes.json": self._attributes(ms.ome_attributes(attrs), ms.group_attributes(), group.path)}
-        return {"attributes.json": self._attributes(attrs, {}, group.path)}
+            return self._file(group.path, n5_attributes(ms.ome_attributes(attrs), ms.group_attributes(), {}))
+        return self._file(group.path, n5_attributes(ome04_attributes(attrs), {}, {}))
 
     def array_files(self, node: ArrayModel) -> dict[str, bytes]:
         enc = self.encodings[node.path]
@@ -209,7 +247,13 @@ class N5View(HierarchyView):
         if node.path in self.levels:
             ms, level = self.levels[node.path]
             own.update(ms.level_attributes(level))
-        return {"attributes.json": self._attributes(per_dimension(node.attributes, node.ndim), own, node.path)}
+        own_order = axes == tuple(range(node.ndim))  # lists in the array's axis order are in N5's
+
+        def keep(key, value) -> bool:
+            return own_order and in_convention_form(key, value, node.ndim)
+
+        attrs = n5_attributes(node.attributes, own, {"axis_order": list(axes)}, keep)
+        return self._file(node.path, per_dimension(attrs, node.ndim))
 
     def layout(self, node: ArrayModel) -> Layout:
         return Layout(node.ndim > 0, n5_axes(self.encodings[node.path].chain, node.ndim))

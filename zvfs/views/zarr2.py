@@ -10,19 +10,45 @@ compressor, the `vlen-bytes`/`vlen-utf8` filter for variable-length values, the 
 form for the data type). `.zattrs` carries the attributes plus `_ARRAY_DIMENSIONS` from
 `dimension_names`, with OME-Zarr 0.5 metadata in its OME-NGFF 0.4 form (views/ome.py), so
 that 0.4 tools find the images.
+
+CF variables and xarray. xarray reads a v2 array's `fill_value` as CF's `_FillValue` (values
+equal to it become NaN, NaT) but a v3 array's only from its `_FillValue` attribute
+(xarray/backends/zarr.py, `use_zarr_fill_value_as_mask`: True for v2, False for v3; the
+zarr backend of xarray 2026.9 drops the keyword a user passes, pydata/xarray#10269). Shown with the
+v3 fill value, xarray-written data read through the view lost real values: an uint8 mask's
+zeros became NaN, `time[0]` (0 hours since the epoch) NaT. So the arrays xarray reads as CF
+variables (named dimensions, a bool or numeric data type, in a group where some array carries
+a CF attribute, `CF_ATTRIBUTES`) get the `fill_value` xarray's own v2 writer gives them: their
+`_FillValue` attribute decoded as xarray decodes it, or null. Where that is not the stored
+fill value, chunks that are not stored are fill chunks (found by name, not listed, as in the
+N5 view), so every v2 reader still reads the original's values through the mount
+(zarr-python 2 leaves the missing chunks of a null-filled array uninitialized).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import math
+import struct
 
-from ..formats.array import ArrayModel, GroupModel
+from ..formats.array import ArrayModel, ChunkSource, ChunkTableLike, GroupModel
+from ..formats.chunkref import ChunkRef
 from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, VLEN, Chain, config_of, fill_value_json, name_of
 from ..formats.zarr3 import ChunkKeyEncoding
 from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible
 from .ome import ome04_attributes
-from .transcode import Encoding, zarr_encoding
+from .transcode import FILL_KEY, Encoding, zarr_encoding
+
+#: attributes that make an array a CF variable (what xarray's CF decoding acts on, and CF's
+#: names for a variable); every named array of a group holding one is read as a CF variable
+CF_ATTRIBUTES = frozenset({"_FillValue", "missing_value", "scale_factor", "add_offset", "units", "calendar",
+                           "standard_name", "long_name"})
+#: the data types xarray masks with `_FillValue`
+CF_DATA_TYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                           "float16", "float32", "float64"})
 
 
 def _dumps(obj: dict) -> bytes:
@@ -34,8 +60,9 @@ def v2_compressor(codec) -> dict:
     if name == "gzip":
         return {"id": "gzip", "level": conf.get("level", 5)}
     if name == "zstd":
-        # tensorstore refuses a "checksum" member; numcodecs decodes checksummed frames anyway
-        return {"id": "zstd", "level": conf.get("level", 0), **({"checksum": True} if conf.get("checksum") else {})}
+        # never a "checksum" member: tensorstore's zarr driver refuses it, and it only tells a
+        # writer to add checksums (zstd frames say whether they carry one; every reader checks it)
+        return {"id": "zstd", "level": conf.get("level", 0)}
     shuffle = conf.get("shuffle", "noshuffle")
     return {"id": "blosc", "cname": conf.get("cname", "lz4"), "clevel": conf.get("clevel", 5),
             "shuffle": BLOSC_SHUFFLE.get(shuffle, shuffle), "blocksize": conf.get("blocksize", 0)}
@@ -47,8 +74,74 @@ def dimension_names(node: ArrayModel) -> list[str] | None:
     return list(names) if names and all(isinstance(n, str) for n in names) else None
 
 
+def v2_dimensions(node: ArrayModel) -> list[str] | None:
+    """`_ARRAY_DIMENSIONS`: the dimension names, and [] for a 0-d array (no axis to name; xarray
+    reads a Zarr v3 scalar without `dimension_names` so, and cannot open a v2 group holding
+    one without it: a CF dataset's scalar coordinates, `number`, `step`)."""
+    return [] if not node.shape else dimension_names(node)
+
+
+def cf_fill_value(data_type: str, attributes: dict):
+    """The `_FillValue` attribute of a CF variable as xarray decodes it from a Zarr v3 array
+    (floats: base64 of a little-endian double, as xarray writes it; a plain number is taken as
+    it is), in the Zarr v3 JSON form of `data_type`; None without one. ValueError when it is
+    no value of the data type."""
+    value = attributes.get("_FillValue")
+    if value is None:
+        return None
+    if data_type.startswith("float"):
+        if isinstance(value, str):
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                raise ValueError(f"_FillValue {value!r} is not base64") from None
+            if len(raw) != 8:
+                raise ValueError(f"_FillValue {value!r} is not a double")
+            value = struct.unpack("<d", raw)[0]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"_FillValue {value!r} is not a number")
+        return value if math.isfinite(value) else ("NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity"))
+    if data_type == "bool":
+        return bool(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"_FillValue {value!r} is not an integer")
+    return int(value)
+
+
+class FilledSource:
+    """A chunk source where every grid position exists: a chunk not stored is a fill chunk
+    (`FILL_KEY`, built from the array's fill value). Listings (tables) show the stored chunks
+    only: listing the others would mean building every grid position (a 10^6-chunk grid is
+    10^6 entries for a handful of stored chunks). Used where the view's format has no fill
+    value for them (N5) or says another one (CF variables here)."""
+
+    def __init__(self, inner: ChunkSource):
+        self.inner = inner
+        self.grid = inner.grid
+        self.ndim = inner.ndim
+
+    def in_grid(self, coords) -> bool:
+        return self.inner.in_grid(coords)
+
+    async def locate(self, coords) -> ChunkRef | None:
+        if not self.in_grid(coords):
+            return None
+        return await self.inner.locate(coords) or ChunkRef(FILL_KEY, 0, 0)
+
+    async def tables(self, fixed: dict[int, int]) -> list[ChunkTableLike]:
+        return await self.inner.tables(fixed)
+
+
 class Zarr2View(HierarchyView):
     name = "zarr2"
+
+    def __init__(self, store, nodes, *args, **kwargs):
+        #: groups holding a CF variable (a root array: "" when it is one)
+        self.cf_groups = {path.rpartition("/")[0] for path, node in nodes.items()
+                          if isinstance(node, ArrayModel) and CF_ATTRIBUTES & node.attributes.keys()}
+        self.fill_values: dict[str, object] = {}  # array path -> its v2 fill_value
+        self.filled: set[str] = set()  # arrays whose missing chunks are fill chunks
+        super().__init__(store, nodes, *args, **kwargs)
 
     def _chain(self, node: ArrayModel) -> Chain:
         if node.warning:
@@ -70,7 +163,33 @@ class Zarr2View(HierarchyView):
         return chain
 
     def encoding(self, node: ArrayModel) -> Encoding:
-        return zarr_encoding(self.name, node, self._chain(node))
+        chain = self._chain(node)
+        self.fill_values[node.path] = self._fill_value(node, chain)
+        return zarr_encoding(self.name, node, chain)
+
+    def _fill_value(self, node: ArrayModel, chain: Chain):
+        """The v2 `fill_value`: the stored one, or for a CF variable xarray's (module
+        docstring); then missing chunks are fill chunks where the two differ."""
+        if chain.serializer == "vlen-bytes":
+            return None  # as zarr-python 2 writes it (its JSON form of b"" would read back as "")
+        stored = fill_value_json(node.data_type, node.fill_value, 2)
+        cf_variable = (node.data_type in CF_DATA_TYPES and v2_dimensions(node) is not None
+                       and node.path.rpartition("/")[0] in self.cf_groups)
+        if not cf_variable:
+            return stored
+        try:
+            cf = cf_fill_value(node.data_type, node.attributes)
+            fill = None if cf is None else fill_value_json(node.data_type, cf, 2)
+        except (ValueError, TypeError):  # xarray cannot decode it from the original either
+            return stored
+        if fill is None and stored == "NaN":
+            return stored  # xarray masks no value with NaN: the stored fill value reads the same
+        if fill != stored:
+            self.filled.add(node.path)
+        return fill
+
+    def source(self, node: ArrayModel) -> ChunkSource:
+        return FilledSource(node.chunks) if node.path in self.filled else node.chunks
 
     def group_files(self, group: GroupModel) -> dict[str, bytes]:
         files = {".zgroup": _dumps({"zarr_format": 2})}
@@ -88,15 +207,14 @@ class Zarr2View(HierarchyView):
             "chunks": list(node.chunk_shape),
             "dtype": "|O" if vlen else chain.dtype().str,
             "compressor": v2_compressor(chain.compressors[0]) if chain.compressors else None,
-            # vlen-bytes: None, as zarr-python 2 writes it (its JSON form of b"" would read back as "")
-            "fill_value": None if chain.serializer == "vlen-bytes" else fill_value_json(node.data_type, node.fill_value, 2),
+            "fill_value": self.fill_values[node.path],
             "order": "F" if chain.order is not None and ndim > 1 and chain.order == tuple(reversed(range(ndim))) else "C",
             "filters": [{"id": chain.serializer}] if vlen else None,
             "dimension_separator": node.separator,
         }
         attrs = dict(ome04_attributes(node.attributes))
-        names = dimension_names(node)
-        if names:
+        names = v2_dimensions(node)
+        if names is not None:
             attrs["_ARRAY_DIMENSIONS"] = names
         files = {".zarray": _dumps(zarray)}
         if attrs:
