@@ -22,9 +22,9 @@ import writers  # noqa: E402
 import zarr_reference  # noqa: E402
 
 ZVFS = [sys.executable, "-m", "zvfs"]
-#: The shared test data sits beside the checkout (as in CI: a clone with shared/ next to it).
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-ZARRITA = SHARED / "testdata" / "zarrita-v3" / "data.zarr"
+#: Test data kept in the repository (each set with its README: source and license).
+DATA = Path(__file__).resolve().parent / "data"
+ZARRITA = DATA / "zarrita-v3" / "data.zarr"
 MOUNT_TIMEOUT = 60
 
 

@@ -25,6 +25,8 @@ from conftest import ZVFS, force_unmount, is_mounted, run_zvfs, zvfs_mount
 from test_cli import _one_line
 
 import zvfs
+from zvfs.names import View
+from zvfs.options import OWN
 
 SAMPLE = zvfs.SAMPLE_STORE
 REPO = Path(__file__).resolve().parents[1]
@@ -128,15 +130,27 @@ def test_bash_completion_is_generated_from_the_parser(tmp_path):
     assert "--strict" in complete("inspect", "--")
     assert "--lazy" in complete("umount", "--")
     assert complete("--print-completion", "") == ["bash", "zsh", "tcsh"]
+    for command in ("mount", "ls", "cat", "inspect"):
+        assert complete(command, "--view", "") == ["zarr", "zarr2", "n5", "precomputed"], command
+    assert complete("mount", "--view", "zarr") == ["zarr", "zarr2"]
+    assert complete("mount", "-o", "allow_") == ["allow_other", "allow_root"]
+    assert complete("mount", "-o", "ro,nonem") == ["ro,nonempty"]
+    assert "view=" in complete("inspect", "-o", "")
     refused = run_zvfs("--print-completion", "cmd")
     assert refused.returncode == 2 and b"invalid choice: 'cmd'" in refused.stderr
 
 
 def test_man_page_is_generated_from_the_parser(tmp_path):
+    for tool in ("groff", "col", "lexgrog"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (scripts/setup installs groff-base, bsdextrautils, man-db)")
     r = run_zvfs("--print-man")
     assert r.returncode == 0
     page = tmp_path / "zvfs.1"
     page.write_bytes(r.stdout)
+    # whatis and apropos index the NAME line through lexgrog: it must parse, with a description
+    name = subprocess.run(["lexgrog", str(page)], capture_output=True, text=True, timeout=30)
+    assert name.returncode == 0 and '"zvfs - ' in name.stdout and "sharded" in name.stdout, name.stdout + name.stderr
     rendered = subprocess.run(["groff", "-man", "-Tutf8", "-ww", str(page)], capture_output=True, timeout=30)
     assert rendered.returncode == 0, rendered.stderr
     text = subprocess.run(["col", "-b"], input=rendered.stdout, capture_output=True).stdout.decode()
@@ -146,6 +160,26 @@ def test_man_page_is_generated_from_the_parser(tmp_path):
         helptext = run_zvfs(name, "--help").stdout.decode()
         for opt in {w.strip(",[]") for w in helptext.split() if w.startswith("--") and len(w) > 3} - {"--help"}:
             assert opt in text, f"{opt} of '{name}' missing from the man page"
+    assert "--sample-path" in text
+    sections = _man_sections(text)
+    options = sections["MOUNT OPTIONS"]
+    for opt in OWN:  # every -o option, with a value where it takes one
+        assert opt + ("" if OWN[opt][1] == "flag" else "=") in options, f"-o {opt} missing from MOUNT OPTIONS"
+    status = sections["EXIT STATUS"]
+    tags = {ln.split()[0] for ln in status.splitlines() if ln.startswith(" " * 7) and not ln.startswith(" " * 8)}
+    assert {"0", "1", "2", "3", "128+N"} <= tags and "141 (SIGPIPE)" in status, status
+
+
+def _man_sections(text: str) -> dict[str, str]:
+    """A rendered page's sections by heading (headings are the unindented lines)."""
+    out, heading = {}, None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.isupper():
+            heading = line.strip()
+            out[heading] = ""
+        elif heading:
+            out[heading] += line + "\n"
+    return out
 
 
 # --------------------------------------------------------------------------- one-line failures
@@ -167,9 +201,9 @@ def test_every_failure_is_one_line(tmp_path, case):
     deep = _deep_store(tmp_path) if case.startswith("deep") else None
     args, status = {
         "log=/nonexistent/x": (["mount", SAMPLE, mnt, "-o", "log=/nonexistent/x"], 2),
-        "ftp://": (["ls", "ftp://127.0.0.1:1/store"], 1),
+        "ftp://": (["ls", "ftp://127.0.0.1:1/store"], 2),
         "ftp:// mount": (["mount", "ftp://127.0.0.1:1/store", mnt], 2),
-        "http://[::1": (["inspect", "http://[::1/store"], 1),
+        "http://[::1": (["inspect", "http://[::1/store"], 2),
         "http://[::1 mount": (["mount", "http://[::1/store", mnt], 2),
         "deep JSON ls": (["ls", deep], 2),
         "deep JSON mount": (["mount", deep, mnt], 2),
@@ -372,3 +406,107 @@ def test_inspect_shows_progress_on_a_terminal_only():
     assert b"raw/0" in shown and b"shard" in shown, shown[:500]
     piped = run_zvfs("inspect", SAMPLE)
     assert piped.returncode == 0 and piped.stderr == b""
+
+
+# --------------------------------------------------------------------------- pipes, the sample, exit statuses
+
+
+def _into_a_closed_pipe(*args) -> subprocess.CompletedProcess:
+    """`zvfs ARGS | head` when head has gone already: stdout is a pipe with no reader."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([*ZVFS, *map(str, args)], stdout=w, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("args", [["inspect", SAMPLE], ["inspect", "--json", SAMPLE], ["ls", SAMPLE, "raw/0/c/0"],
+                                  ["cat", SAMPLE, "raw/0/c/0/0/0"], ["--help"], ["mount", "--help"], ["--print-man"],
+                                  ["--print-completion", "bash"], ["--sample-path"], ["--version"]],
+                         ids=lambda a: " ".join(a).replace(SAMPLE, "SAMPLE"))
+def test_a_reader_that_goes_away_ends_the_command_quietly(args):
+    """As `cat` ends (killed by SIGPIPE: 141 in the shell), with no message."""
+    r = _into_a_closed_pipe(*args)
+    assert (r.returncode, r.stderr) == (141, b"")
+
+
+def test_stats_into_a_closed_pipe_and_as_text(tmp_path):
+    with zvfs_mount(SAMPLE, tmp_path / "mnt") as mnt:
+        for args in (["stats", "--json", mnt], ["stats", mnt]):
+            r = _into_a_closed_pipe(*args)
+            assert (r.returncode, r.stderr) == (141, b""), args
+        text = run_zvfs("stats", mnt).stdout.decode().splitlines()
+        assert text[1].split() == ["source", SAMPLE] and text[2].split() == ["view", "zarr"], text
+
+
+def test_zvfs_says_where_its_sample_is(tmp_path):
+    """From a directory holding a `zvfs` folder (a checkout's parent), where `import zvfs` in a
+    Python without zvfs installed finds that folder (a namespace package with no SAMPLE_STORE)."""
+    (tmp_path / "zvfs").mkdir()
+    r = subprocess.run([str(Path(sys.executable).parent / "zvfs"), "--sample-path"], cwd=tmp_path, capture_output=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stderr == b""
+    path = Path(r.stdout.decode().strip())
+    assert path == Path(SAMPLE) and (path / "raw" / "zarr.json").is_file()
+    assert run_zvfs("ls", path).stdout.decode().split() == ["labels/", "raw/", "zarr.json"]
+
+
+def test_inspect_lists_the_views_a_store_has_and_counts_in_words():
+    doc = json.loads(run_zvfs("inspect", "--json", SAMPLE).stdout)
+    assert doc["view"] == "zarr" and doc["views"] == ["zarr", "zarr2", "n5"]
+    for view in View:  # the list is what `--view` accepts for this store
+        r = run_zvfs("ls", "--view", view, SAMPLE)
+        assert r.returncode == (0 if view in doc["views"] else 2), (view, r.stderr)
+    head = run_zvfs("inspect", SAMPLE).stdout.decode().splitlines()
+    assert head[0].endswith(": zarr3, zarr view, 4 arrays") and head[1].startswith("views: zarr, zarr2, n5 "), head[:2]
+    one = run_zvfs("inspect", Path(SAMPLE) / "labels").stdout.decode().splitlines()[0]
+    assert one.endswith(": zarr3, zarr view, 1 array"), one
+
+
+UNREACHABLE = "http://127.0.0.1:1/store.zarr"  # connection refused at once
+
+
+@pytest.mark.parametrize("case", ["mount URL", "ls URL", "cat URL", "inspect URL", "inspect missing", "mount missing",
+                                  "mount on a file", "mount on nothing", "cat a missing path", "umount not mounted"])
+def test_exit_statuses_follow_one_rule(tmp_path, case):
+    """2: refused before doing anything (SOURCE, MOUNTPOINT, usage); 1: the work failed."""
+    mnt, afile = tmp_path / "mnt", tmp_path / "afile"
+    mnt.mkdir()
+    afile.write_text("x")
+    missing = tmp_path / "missing.zarr"
+    args, status, words = {
+        "mount URL": (["mount", UNREACHABLE, mnt], 2, "127.0.0.1:1"),
+        "ls URL": (["ls", UNREACHABLE], 2, "127.0.0.1:1"),
+        "cat URL": (["cat", UNREACHABLE, "zarr.json"], 2, "127.0.0.1:1"),
+        "inspect URL": (["inspect", UNREACHABLE], 2, "127.0.0.1:1"),
+        "inspect missing": (["inspect", missing], 2, str(missing)),
+        "mount missing": (["mount", missing, mnt], 2, str(missing)),
+        "mount on a file": (["mount", SAMPLE, afile], 2, "not a directory"),
+        "mount on nothing": (["mount", SAMPLE, tmp_path / "nothing"], 2, "does not exist"),
+        "cat a missing path": (["cat", SAMPLE, "raw/0/c/9/9/9"], 1, "no such file"),
+        "umount not mounted": (["umount", mnt], 1, "not mounted"),
+    }[case]
+    try:
+        r = run_zvfs(*args)
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
+    msg = _one_line(r.stderr)
+    assert r.returncode == status and words in msg, (r.returncode, msg)
+
+
+def test_the_units_documentation_is_installed():
+    """systemd shows Documentation= in `systemctl help` and status: every entry must resolve."""
+    unit = (REPO / "systemd" / "zvfs@.service").read_text()
+    docs = [uri for line in unit.splitlines() if line.startswith("Documentation=") for uri in line.split("=", 1)[1].split()]
+    assert docs
+    for uri in docs:
+        if uri.startswith("man:"):
+            if shutil.which("man") is None:
+                pytest.skip("man is not installed (scripts/setup installs man-db)")
+            page, section = uri[4:].rstrip(")").split("(")
+            r = subprocess.run(["man", "-w", section, page], capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, f"{uri}: {r.stderr.strip()} (scripts/setup installs the page)"
+        else:
+            assert uri.startswith("file://") and Path(uri[7:]).is_file(), f"{uri} does not exist"

@@ -17,10 +17,13 @@ process's argv (`ps` shows it to every local user). When an argument holds one, 
 re-executes itself at once with the URL redacted in argv and the real arguments in the
 environment (readable by the same user only), keeping its pid (systemd's main process).
 
-Exit statuses: 0 success; 1 a runtime failure (backend, busy, not mounted); 2 a usage error, a
-bad option or an unusable source (nothing mounted); 3 `inspect --strict` found problems;
-128+N interrupted by signal N. As a mount helper (`mount.zvfs`, or the bare form above, which
-only mount.fuse3 uses), mount(8)'s codes: 1 usage, 8 interrupted, 32 mount failure.
+Exit statuses follow one rule (`EXIT_STATUSES`, also in the man page and the README): 2 when
+zvfs refuses before doing anything (the command line, an option, a SOURCE that does not open, a
+MOUNTPOINT it will not mount on), 1 when the work itself fails; every failure is one line. A
+reader that goes away (`zvfs inspect S | head`) ends the command quietly with 141, as it ends
+`cat` (killed by SIGPIPE: 128+13), so `set -o pipefail` scripts see what they see for any tool.
+As a mount helper (`mount.zvfs`, or the bare form above, which only mount.fuse3 uses),
+mount(8)'s codes: 1 usage, 8 interrupted, 32 mount failure.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ import shutil
 import stat
 import sys
 
-from .errors import CorruptShardError, OptionError, StorageError, ZvfsError
-from .mounting import ARGV_ENV, FSTYPE, check_log_target, fusermount, mount_at, shown, spawn_daemon
+from .errors import CorruptShardError, MetadataError, OptionError, StorageError, ZvfsError
+from .mounting import ARGV_ENV, FSTYPE, check_log_target, check_mountpoint, fusermount, mount_at, shown, spawn_daemon
 from .names import View
-from .options import MountOptions, options_help, parse_options
+from .options import GENERIC, OWN, MountOptions, options_help, parse_options
 
 COMMANDS = ("mount", "umount", "ls", "cat", "inspect", "stats", "refresh", "doctor")
 
@@ -51,6 +54,30 @@ MOUNT_HELPER = "/sbin/mount.zvfs"
 
 #: inspect --strict: the store has bad shards (distinct from 1, a failure to inspect at all)
 STRICT_PROBLEMS = 3
+#: the reader of our output went away: what a shell reports for a tool killed by SIGPIPE
+PIPE_CLOSED = 128 + 13
+
+EXIT_STATUSES = (
+    ("0", "success"),
+    ("1", "the work failed: a read or the backend failed after SOURCE opened, a PATH not in the tree (ls, cat), the "
+          "kernel refused the mount, a mount that is busy, not mounted or not zvfs's (umount, stats, refresh), doctor "
+          "found a problem"),
+    ("2", "refused before doing anything: a usage error or unknown option, a SOURCE that does not open (missing, "
+          "unreachable, not a store, bad metadata), a MOUNTPOINT zvfs will not mount on (missing, not a directory, "
+          "already mounted, the source or inside or above it, holding files without -o nonempty)"),
+    (str(STRICT_PROBLEMS), "inspect --strict found damaged shards"),
+    ("128+N", f"interrupted by signal N; {PIPE_CLOSED} (SIGPIPE) when the reader of the output went away (| head), "
+              "with no message"),
+    ("mount helper", "as mount.zvfs, or in the form mount.fuse3 runs, mount(8)'s codes instead: 1 usage, "
+                     "8 interrupted, 32 mount failure"),
+)
+
+#: the metavariable of each kind of -o value (options.OWN), for the man page
+_OPTION_VALUES = {"size": "SIZE", "int": "N", "float": "SECONDS", "str": "VALUE", "view": "VIEW", "n5c": "COMPRESSION",
+                  "uid": "USER", "gid": "GROUP", "octal": "MASK"}
+
+#: the man page's NAME line (whatis, apropos)
+SUMMARY = "show sharded Zarr v3, Neuroglancer precomputed and ZVF stores as unsharded one-file-per-chunk trees (FUSE)"
 
 DESCRIPTION = """\
 zvfs shows a sharded chunked store (Zarr v3 with sharding_indexed, Neuroglancer precomputed
@@ -74,9 +101,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
+    def print_help(self, file=None):
+        """Help written here: argparse's own drops write errors, so `zvfs --help | head` ended 0
+        instead of as every other command into a closed pipe (141, see main)."""
+        (file or sys.stdout).write(self.format_help())
+
 
 class _PrintManPage(argparse.Action):
-    """`--print-man`: the man page, generated from this very parser (argparse-manpage)."""
+    """`--print-man`: the man page, generated from this very parser (argparse-manpage), with the
+    sections a parser does not hold: the -o options (options.OWN), the exit statuses."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, help="print the man page (roff) and exit")
@@ -86,9 +119,39 @@ class _PrintManPage(argparse.Action):
 
         from . import __version__
 
-        data = {"version": __version__, "project_name": "zvfs", "manual_section": "1", "manual_title": "zvfs manual"}
-        print(Manpage(parser, _data=data))
+        data = {"version": __version__, "project_name": "zvfs", "manual_section": "1", "manual_title": "zvfs manual",
+                "description": SUMMARY}
+        page = Manpage(parser, _data=data)
+        options = [_tagged(f"\\fB{name}\\fR" + ("" if kind == "flag" else f"=\\fI{_OPTION_VALUES[kind]}\\fR"), text)
+                   for name, (_, kind, text) in OWN.items()]
+        generic = ", ".join(sorted(GENERIC)) + ", x-*, comment"
+        page.add_section("mount options", "=", "\n".join([
+            _roff("Given with -o (comma-separated) to mount, ls, cat and inspect, and in fstab."), *options, ".PP",
+            _roff(f"Generic mount(8) options are accepted and have no effect (zvfs is always read-only): {generic}. "
+                  "Anything else is refused with a message naming it.")]))
+        page.add_section("exit status", "=", "\n".join(_tagged(_roff(code), text) for code, text in EXIT_STATUSES))
+        page.add_section("see also", "=", "mount(8), fstab(5), fusermount3(1), mount.fuse3(8)")
+        print(page)
         parser.exit()
+
+
+def _roff(text: str) -> str:
+    """Text for a roff line (argparse-manpage's own escaping: backslashes, and '-' as a minus)."""
+    return text.replace("\\", "\\\\").replace("-", "\\-")
+
+
+def _tagged(tag: str, text: str) -> str:
+    """One .TP entry: a tag (roff already) and its paragraph."""
+    return f".TP\n{tag}\n{_roff(text)}"
+
+
+def _option_completion() -> dict:
+    """shtab's completion of -o: the option names (flags bare, the others with '='), after a
+    comma too (`-o ro,all<TAB>` gives `ro,allow_other`)."""
+    words = " ".join(n if kind == "flag" else f"{n}=" for n, (_, kind, _) in OWN.items())
+    bash = (f'_zvfs_mount_options() {{\n  local head=""\n  [[ "$1" == *,* ]] && head="${{1%,*}},"\n'
+            f'  compgen -P "$head" -W "{words}" -- "${{1##*,}}"\n}}\n')
+    return {"bash": "_zvfs_mount_options", "zsh": f"({words})", "preamble": {"bash": bash}}
 
 
 class _PrintCompletion(argparse.Action):
@@ -120,6 +183,23 @@ def _actions(parser: argparse.ArgumentParser):
                 yield from _actions(sub)
 
 
+class _PrintSamplePath(argparse.Action):
+    """`--sample-path`: where the sample store shipped in the package is. The installed `zvfs`
+    is the one reliable way to say it: `import zvfs` in some other Python finds another zvfs, or
+    none, or a checkout directory named zvfs (a namespace package, without SAMPLE_STORE)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the path of the sample store shipped with zvfs and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import SAMPLE_STORE
+
+        if not os.path.isfile(os.path.join(SAMPLE_STORE, "zarr.json")):
+            parser.exit(1, f"zvfs: {SAMPLE_STORE}: the sample store is not installed\n")
+        print(SAMPLE_STORE)
+        parser.exit()
+
+
 class _PrintVersion(argparse.Action):
     """`--version`, looked up only when asked for."""
 
@@ -138,6 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_PrintVersion)
     p.add_argument("--print-completion", action=_PrintCompletion)
     p.add_argument("--print-man", action=_PrintManPage)
+    p.add_argument("--sample-path", action=_PrintSamplePath)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     m = sub.add_parser(
@@ -190,9 +271,11 @@ def _parser() -> argparse.ArgumentParser:
 def _source_args(p: argparse.ArgumentParser) -> None:
     """SOURCE and the options that shape its tree, shared by mount, ls, cat and inspect."""
     p.add_argument("source", metavar="SOURCE").completes_directory = True
-    p.add_argument("--view", help=f"view to show: {', '.join(View)} (default: the store kind's own; "
-                                  "`zvfs inspect` lists the views a store has)")
-    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=V...]", help="options as for mount")
+    p.add_argument("--view", choices=tuple(View), metavar="VIEW",
+                   help=f"view to show: {', '.join(View)} (default: the store kind's own; "
+                        "`zvfs inspect` lists the views a store has)")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=V...]",
+                   help="options as for mount (see MOUNT OPTIONS)").complete = _option_completion()
 
 
 def _mountpoint_arg(p: argparse.ArgumentParser) -> None:
@@ -237,6 +320,7 @@ def cmd_mount(args) -> int:
     mountpoint = os.path.abspath(args.mountpoint)
     if opts.log_file:
         opts.log_file = os.path.abspath(opts.log_file)
+    check_mountpoint(mountpoint, source, opts)
     if args.foreground:
         from .daemon import run_foreground
 
@@ -294,8 +378,10 @@ def _control(point: str, name: str) -> dict:
 
 
 def _stats_table(stats: dict, point: str) -> str:
-    counters = ("files_read", "bytes_served", "pushed", "bytes_pushed", "backend_requests", "backend_bytes", "retries", "eio")
-    lines = [f"{point}: zvfs {stats.get('zvfs_version', '?')}"]
+    counters = ("files_read", "bytes_served", "pushed", "bytes_pushed", "changed", "backend_requests", "backend_bytes",
+                "retries", "eio")
+    lines = [f"{point}: zvfs {stats.get('zvfs_version', '?')}",
+             f"  {'source':<18} {stats.get('source', '?')}", f"  {'view':<18} {stats.get('view', '?')}"]
     lines += [f"  {name.replace('_', ' '):<18} {stats[name]:>14}" for name in counters if name in stats]
     caches = stats.get("caches") or {}
     if caches:
@@ -374,10 +460,23 @@ def cmd_doctor(args) -> int:
 # --------------------------------------------------------------------------- without mounting
 
 
-async def _ls(args) -> int:
+async def _open(args):
+    """The source of `ls`, `cat` and `inspect`, or a refusal as `mount` refuses it: anything that
+    keeps a source from opening (missing, unreachable, not a store, bad metadata) is exit 2, so
+    `zvfs inspect URL` and `zvfs mount URL DIR` agree. (The daemon words it the same way.)"""
     from .source import open_source
 
-    src = await open_source(args.source, _mount_options(args))
+    try:
+        return await open_source(args.source, _mount_options(args))
+    except StorageError as e:  # the backend's own words, as a refusal
+        raise ZvfsError(str(e)) from None
+    except (OSError, ValueError) as e:
+        text = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise MetadataError(shown(args.source), f"cannot open: {shown(text)}") from None
+
+
+async def _ls(args) -> int:
+    src = await _open(args)
     try:
         node = await src.tree.resolve(args.path)
         if node is None:
@@ -398,9 +497,7 @@ async def _ls(args) -> int:
 
 
 async def _cat(args) -> int:
-    from .source import open_source
-
-    src = await open_source(args.source, _mount_options(args))
+    src = await _open(args)
     try:
         node = await src.tree.resolve(args.path)
         if node is None:
@@ -418,10 +515,9 @@ async def _cat(args) -> int:
 
 async def _inspect(args) -> int:
     from . import report
-    from .source import open_source
 
     logging.getLogger("zvfs").setLevel(logging.ERROR)  # damaged shards are in the report, not logged twice
-    src = await open_source(args.source, _mount_options(args))
+    src = await _open(args)
     try:
         described = await report.describe(src)
         print(json.dumps(described, indent=2) if args.json else report.render(described))
@@ -470,6 +566,8 @@ def _run(argv: list[str]) -> int:
         return _fail(str(e), 1)
     except ZvfsError as e:
         return _fail(str(e))
+    except BrokenPipeError:  # (an OSError, but no failure: see main)
+        raise
     except (OSError, ValueError) as e:  # what the backends raise for unusable URLs and hosts
         text = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
         return _fail(f"{where}: {shown(text)}", 1)
@@ -484,12 +582,17 @@ def main(argv: list[str] | None = None, helper: bool = False) -> int:
         argv, helper = ["mount", *_strip_helper_flags(argv)], True
     _hide_credentials(argv, helper)
     try:
-        status = _run(argv)
+        try:
+            status = _run(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit: a closed pipe is seen here (--help and --print-man included)
     except UsageError as e:
         _fail(str(e))
         return 1 if helper else 2
     except BrokenPipeError:
-        return 0
+        # the reader went away (| head): no message, and nothing left for the exit's own flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PIPE_CLOSED
     except KeyboardInterrupt:
         status = 130
     if helper and status:

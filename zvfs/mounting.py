@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 from .errors import MetadataError, OptionError
@@ -68,19 +69,35 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def mount_at(path: str) -> Mount | None:
-    """The topmost mount on `path` (None when it is not a mount point), from
-    /proc/self/mountinfo. Never a stat or listing of the directory itself: those would trigger an
-    autofs (x-systemd.automount) mount point, or hang on a stuck daemon."""
-    target = os.path.realpath(path)
-    found = None
+def _mounts() -> list[Mount]:
+    """/proc/self/mountinfo in order (a later line is mounted on top of an earlier one)."""
+    out = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
             sep = fields.index("-")
-            if _unescape(fields[4]) == target:  # later lines are mounted on top of earlier ones
-                found = Mount(target, _unescape(fields[sep + 1]), _unescape(fields[sep + 2]))
-    return found
+            out.append(Mount(_unescape(fields[4]), _unescape(fields[sep + 1]), _unescape(fields[sep + 2])))
+    return out
+
+
+def resolved(path: str, mounts: list[Mount] | None = None) -> str:
+    """`path` absolute with its symlinks resolved, without a stat of a mount point itself (an
+    lstat of a FUSE mount's root asks its daemon, which may hang): the parent is resolved, and
+    the last component only when no mount sits there (a mount point is never a symlink)."""
+    parent, name = os.path.split(os.path.abspath(path))
+    here = os.path.join(os.path.realpath(parent), name)
+    if any(m.point == here for m in (_mounts() if mounts is None else mounts)):
+        return here
+    return os.path.realpath(here)
+
+
+def mount_at(path: str) -> Mount | None:
+    """The topmost mount on `path` (None when it is not a mount point), from
+    /proc/self/mountinfo. Never a stat or listing of the directory itself: those would trigger an
+    autofs (x-systemd.automount) mount point, or hang on a stuck daemon."""
+    mounts = _mounts()
+    target = resolved(path, mounts)
+    return next((m for m in reversed(mounts) if m.point == target), None)
 
 
 def is_alive(point: str) -> bool:
@@ -105,9 +122,15 @@ def clear_stale(point: str) -> None:
     fusermount("-uz", point)
 
 
-def check_mountpoint(mountpoint: str) -> None:
-    """Refuse a missing mount point or a live zvfs mount; clear a stale one left by a killed
-    daemon. An autofs mount point is left untouched: systemd's automount is what runs us."""
+def check_mountpoint(mountpoint: str, source: str | None = None, opts: MountOptions | None = None) -> None:
+    """Refuse a mount point zvfs cannot or should not mount on (MetadataError: one line, exit 2):
+    missing, not a directory, a live zvfs mount; and, given the source and options (`zvfs mount`
+    runs this before it starts the daemon, and again as the daemon), one that would recurse or
+    hide files. A stale zvfs mount left by a killed daemon is cleared.
+
+    Never a stat or listing of what another file system answers for: an autofs mount point
+    (x-systemd.automount, which is what runs us) would be triggered, a FUSE mount whose daemon
+    hangs would hang us. Such mount points are judged from the mount table alone."""
     mounted = mount_at(mountpoint)
     if mounted is not None and mounted.fstype == FSTYPE:
         if is_alive(mountpoint):
@@ -115,7 +138,13 @@ def check_mountpoint(mountpoint: str) -> None:
         clear_stale(mountpoint)
         if mount_at(mountpoint) == mounted:
             raise MetadataError(mountpoint, "a stale mount is in the way and fusermount3 -uz could not clear it")
-    if mounted is not None and mounted.fstype == "autofs":
+        mounted = mount_at(mountpoint)
+    if source is not None:
+        _refuse_recursion(source, mountpoint)
+    if mounted is not None and (mounted.fstype == "autofs" or mounted.fstype.startswith("fuse")):
+        if opts is not None and not opts.nonempty and mounted.fstype != "autofs":
+            raise MetadataError(mountpoint, f"{mounted.fstype} from {mounted.source} is mounted there and would be hidden "
+                                            "(unmount it, or mount over it with -o nonempty)")
         return
     try:
         st = os.stat(mountpoint)
@@ -124,6 +153,47 @@ def check_mountpoint(mountpoint: str) -> None:
         raise MetadataError(mountpoint, problem) from None
     if not stat.S_ISDIR(st.st_mode):
         raise MetadataError(mountpoint, "mount point is not a directory")
+    if opts is not None and not opts.nonempty:
+        _refuse_hiding(mountpoint)
+
+
+def _local_path(source: str) -> str | None:
+    """The local directory a source names (a path or a file:// URL), None for remote ones."""
+    if "://" not in source:
+        return source
+    try:
+        return urllib.parse.unquote(urllib.parse.urlsplit(source).path) if source.startswith("file://") else None
+    except ValueError:  # unparseable: opening it fails with its own message
+        return None
+
+
+def _refuse_recursion(source: str, mountpoint: str) -> None:
+    """A mount point equal to, inside or above a local source (symlinks resolved) would make the
+    daemon read its own mount: `ls` of it hung in D state for good (the daemon's listing thread
+    waited on the inode lock the listing held), a mount point inside recursed (`find` showed
+    sub/sub/sub/...)."""
+    path = _local_path(source)
+    if path is None:
+        return
+    src, point = os.path.realpath(path), resolved(mountpoint)
+    common = os.path.commonpath([src, point])
+    if common not in (src, point):
+        return
+    where = "is the source" if src == point else "is inside the source" if common == src else "is above the source"
+    raise MetadataError(mountpoint, f"mount point {where} {src}: the mount would read itself (choose a directory outside it)")
+
+
+def _refuse_hiding(mountpoint: str) -> None:
+    """Files in the mount point would be hidden while mounted: refused unless -o nonempty
+    (rclone's --allow-non-empty; libfuse 3 itself no longer checks)."""
+    try:
+        with os.scandir(mountpoint) as entries:
+            first = next(entries, None)
+    except OSError as e:
+        raise MetadataError(mountpoint, f"mount point: cannot list it ({e.strerror}); -o nonempty mounts without looking") from None
+    if first is not None:
+        raise MetadataError(mountpoint, f"mount point is not empty (holds {first.name!r}): its files would be hidden "
+                                        "(use an empty directory, or -o nonempty)")
 
 
 def check_log_target(opts: MountOptions) -> None:

@@ -54,6 +54,7 @@ OWN = {
                                  "(e.g. umask=022 shares a store closed to others; default: the store's bits, never widened)"),
     "allow_root": ("allow_root", "flag", "let root (only) see the mount besides its owner (adds default_permissions)"),
     "follow_symlinks": ("follow_symlinks", "flag", "local stores: follow symlinks that lead outside the store (trusted stores only)"),
+    "nonempty": ("nonempty", "flag", "mount on a mount point that holds files (hidden while mounted; refused otherwise)"),
 }
 
 
@@ -84,6 +85,7 @@ class MountOptions:
     gid: int | None = None
     umask: int | None = None
     allow_root: bool = False
+    nonempty: bool = False
     ignored: list[str] = field(default_factory=list)
 
 

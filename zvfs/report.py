@@ -112,7 +112,7 @@ def problems(report: dict) -> list[str]:
 
 
 async def describe(src: "OpenSource") -> dict:
-    out = {"source": src.store.display, "kind": src.kind, "view": src.view}
+    out = {"source": src.store.display, "kind": src.kind, "view": src.view, "views": list(src.entry.views)}
     for section in src.entry.sections:
         out[section] = await SECTIONS[section].describe(src, out)
     described = {a["path"] for a in out.get("arrays", [])}
@@ -185,8 +185,10 @@ def _codecs(codecs) -> str:
 
 
 def render(report: dict) -> str:
+    count = len(report.get("arrays", ()))
     lines = [f"{report['source']}: {report['kind']}, {report['view']} view"
-             + (f", {len(report['arrays'])} arrays" if "arrays" in report else "")]
+             + (f", {count} array{'' if count == 1 else 's'}" if "arrays" in report else ""),
+             f"views: {', '.join(report['views'])} (the first is the default; choose with --view)"]
     for section in KINDS[report["kind"]].sections:
         lines += SECTIONS[section].render(report)
     if report.get("absent"):
