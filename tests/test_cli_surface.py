@@ -458,8 +458,10 @@ def test_inspect_lists_the_views_a_store_has_and_counts_in_words():
     for view in View:  # the list is what `--view` accepts for this store
         r = run_zvfs("ls", "--view", view, SAMPLE)
         assert r.returncode == (0 if view in doc["views"] else 2), (view, r.stderr)
-    head = run_zvfs("inspect", SAMPLE).stdout.decode().splitlines()
+    text = run_zvfs("inspect", SAMPLE).stdout.decode()
+    head = text.splitlines()
     assert head[0].endswith(": zarr3, zarr view, 4 arrays") and head[1].startswith("views: zarr, zarr2, n5 "), head[:2]
+    assert "\nraw/2\n" in text and "present: 1 shard, 1 inner chunk, " in text.split("\nraw/2\n")[1], text
     one = run_zvfs("inspect", Path(SAMPLE) / "labels").stdout.decode().splitlines()[0]
     assert one.endswith(": zarr3, zarr view, 1 array"), one
 

@@ -184,10 +184,14 @@ def _codecs(codecs) -> str:
     return ", ".join(name(c) for c in codecs or [])
 
 
+def _count(n: int, noun: str) -> str:
+    """`1 array`, `2 arrays`, `0 inner chunks`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def render(report: dict) -> str:
-    count = len(report.get("arrays", ()))
     lines = [f"{report['source']}: {report['kind']}, {report['view']} view"
-             + (f", {count} array{'' if count == 1 else 's'}" if "arrays" in report else ""),
+             + (f", {_count(len(report['arrays']), 'array')}" if "arrays" in report else ""),
              f"views: {', '.join(report['views'])} (the first is the default; choose with --view)"]
     for section in KINDS[report["kind"]].sections:
         lines += SECTIONS[section].render(report)
@@ -209,9 +213,9 @@ def _render_arrays(report: dict) -> list[str]:
         lines.append(f"  codecs {_codecs(a['codecs'])}")
         present = []
         if a["shards_present"] is not None:
-            present.append(f"{a['shards_present']} shards")
+            present.append(_count(a["shards_present"], "shard"))
         if a["chunks_present"] is not None:
-            present.append(f"{a['chunks_present']} inner chunks")
+            present.append(_count(a["chunks_present"], "inner chunk"))
         lines.append(f"  present: {', '.join(present)}, {a['bytes']} bytes")
         if a["warning"]:
             lines.append(f"  WARNING: {a['warning']}")
@@ -240,7 +244,7 @@ def _render_precomputed(report: dict) -> list[str]:
             lines.append(f"  size {_shape(d['size'])}  chunk {_shape(d['chunk_size'])}  voxel_offset {_shape(d['voxel_offset'])}")
         lines.append(f"  sharding: hash {sh['hash']}, preshift {sh['preshift_bits']}, minishard bits {sh['minishard_bits']}, "
                      f"shard bits {sh['shard_bits']}, index {sh['minishard_index_encoding']}, data {sh['data_encoding']}")
-        lines.append(f"  {d['shards_present']} shards, {d['chunks']} chunks" + (
+        lines.append(f"  {_count(d['shards_present'], 'shard')}, {_count(d['chunks'], 'chunk')}" + (
             f" ({', '.join(f'{k}: {v}' for k, v in list(d['chunks_per_shard'].items())[:8])}{', ...' if len(d['chunks_per_shard']) > 8 else ''})"
             if d["chunks_per_shard"] else ""))
     return lines
