@@ -10,6 +10,14 @@ answers misbehave before it serves correctly again, None = always):
 - ``short``: the announced body is cut short and the connection closed
 - ``stall``: no answer for `stall` seconds
 - ``redirect``: a 302 to `redirect_to` (another server, i.e. another origin) for ranged GETs
+- ``long``: a right 206 (Content-Range of the range asked for) whose Content-Length announces
+  `extra` more bytes, and sends them
+- ``endless``: a right 206 without Content-Length whose body goes on past the range asked for
+  until the client closes the connection (`extra` bytes at most, so that a client that keeps
+  reading cannot take the machine's memory)
+- ``gzip``: a 206 for the range asked for, `Content-Encoding: gzip` whatever the request's
+  Accept-Encoding said, whose body (as long as the range) is a gzip bomb: ~1,000 times its
+  size in zeros once decoded
 
 Independently, `token` requires `?token=<token>` on every request (403 otherwise) and `auth`
 requires that Authorization header (401 otherwise). Every request is recorded (`seen`): path,
@@ -25,6 +33,7 @@ import os
 import re
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -49,6 +58,8 @@ class MisbehavingHTTP:
         self.token: str | None = None
         self.auth: str | None = None
         self.redirect_to: str | None = None
+        self.extra = 1 << 30  # bytes past the range asked for, in modes long and endless
+        self._bombs: dict[int, bytes] = {}
         self.port = free_port()
         self.seen: list[Seen] = []
         self.misbehaved = 0
@@ -138,6 +149,8 @@ class MisbehavingHTTP:
                     first, last = first + shift, min(len(data) - 1, last + shift)
                 body = data[first:last + 1]
                 headers = {**meta, "Content-Range": f"bytes {first}-{last}/{len(data)}"}
+                if mode in ("long", "endless", "gzip"):
+                    return self._too_much(mode, headers, body)
                 if mode == "short":
                     self.send_response(206)
                     for k, v in headers.items():
@@ -150,8 +163,43 @@ class MisbehavingHTTP:
                     return
                 self._send(206, headers, body)
 
+            def _too_much(self, mode: str, headers: dict, body: bytes) -> None:
+                self.close_connection = True
+                self.send_response(206)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                if mode == "gzip":
+                    self.send_header("Content-Encoding", "gzip")
+                    body = server._bomb(len(body))
+                if mode != "endless":
+                    self.send_header("Content-Length", str(len(body) + (server.extra if mode == "long" else 0)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                    if mode != "gzip":
+                        zeros, sent = bytes(1 << 20), 0
+                        while sent < server.extra:
+                            self.wfile.write(zeros[: server.extra - sent])
+                            sent += len(zeros)
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client stopped reading: what it should do
+
         self._server = serve_in_thread(self.port, Handler)
         return self
+
+    def _bomb(self, size: int) -> bytes:
+        """`size` bytes of a gzip stream of zeros (the stream is cut there, unfinished)."""
+        with self._lock:
+            if size not in self._bombs:
+                z = zlib.compressobj(9, zlib.DEFLATED, 31)
+                zeros, out, got = bytes(1 << 20), [], 0
+                while got < size:
+                    part = z.compress(zeros)
+                    out.append(part)
+                    got += len(part)
+                self._bombs[size] = b"".join(out)[:size]
+            return self._bombs[size]
 
     def stop(self) -> None:
         stop_server(self._server)
@@ -172,11 +220,15 @@ class FaultTCP:
     """A TCP proxy to `target_port` for servers whose requests must reach them unchanged (S3:
     signed headers; servers.FaultProxy forwards only a few headers, which moto refuses). While
     `fault` is set, every new connection gets it: "stall" (the request is never answered),
-    "reset" (closed at once), "503" (an HTTP 503 answer). Setting a fault also drops the
-    connections that were open, so pooled keep-alive connections cannot bypass it."""
+    "reset" (closed at once), "503" (an HTTP 503 answer), "longer" (the server's answer to
+    the first request, its headers and body unchanged but for Content-Length, which is
+    dropped, followed by `extra` more bytes and the end of the connection: a body longer than
+    asked for, signatures intact). Setting a fault also drops the connections that were open,
+    so pooled keep-alive connections cannot bypass it."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, extra: int = 1 << 30):
         self.target_port = target_port
+        self.extra = extra
         self.port = free_port()
         self.fault: str | None = None
         self.injected = 0
@@ -218,6 +270,8 @@ class FaultTCP:
         fault = self.fault
         if fault is not None:
             self.injected += 1
+            if fault == "longer":
+                return await self._longer(creader, cwriter)
             if fault == "reset":
                 sock = cwriter.get_extra_info("socket")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -245,6 +299,28 @@ class FaultTCP:
         finally:
             self._open.difference_update((cwriter, swriter))
 
+    async def _longer(self, creader, cwriter) -> None:
+        import asyncio
+
+        try:
+            request = await creader.readuntil(b"\r\n\r\n")  # (the GETs of reads carry no body)
+            sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+            swriter.write(request)
+            await swriter.drain()
+            status, *fields = (await sreader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+            length = next(int(f.split(b":", 1)[1]) for f in fields if f.lower().startswith(b"content-length:"))
+            keep = [f for f in fields if f and not f.lower().startswith((b"content-length:", b"connection:"))]
+            cwriter.write(b"\r\n".join([status, *keep, b"Connection: close", b"", b""]) + await sreader.readexactly(length))
+            swriter.close()
+            zeros, sent = bytes(1 << 20), 0
+            while sent < self.extra:
+                cwriter.write(zeros[: self.extra - sent])
+                await cwriter.drain()
+                sent += len(zeros)
+        except (ConnectionError, OSError, EOFError, asyncio.IncompleteReadError):
+            pass  # the client stopped reading: what it should do
+        cwriter.close()
+
     def _run(self) -> None:
         import asyncio
 
@@ -255,6 +331,15 @@ class FaultTCP:
             self._loop.run_forever()
         finally:
             server.close()
+            tasks = asyncio.all_tasks(self._loop)  # connections still piping: ended while the loop runs
+            for task in tasks:
+                task.cancel()
+
+            async def ended() -> None:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            self._loop.run_until_complete(ended())
+            self._loop.close()
 
     def start(self) -> FaultTCP:
         threading.Thread(target=self._run, daemon=True).start()

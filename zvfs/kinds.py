@@ -42,6 +42,7 @@ class Opened:
     listings: CoalescingCache  # store listings
     decoded: CoalescingCache  # decoded chunks, N5 blocks, ZVF objects
     n5_compression: str = "raw"
+    max_metadata: int | None = None  # largest metadata file, as parsed (None: the default)
 
 
 @dataclass
@@ -99,7 +100,7 @@ async def _is_zarr3(probe: Probe) -> bool:
 
 
 async def _load_zarr(o: Opened) -> Loaded:
-    nodes = await zarr3.load_hierarchy(o.store)
+    nodes = await zarr3.load_hierarchy(o.store, o.max_metadata)
     return Loaded(nodes, zarr3.hierarchy_model(nodes, o.store, o.cache))
 
 
@@ -121,7 +122,7 @@ async def _is_precomputed(probe: Probe) -> bool:
 
 
 async def _load_precomputed(o: Opened) -> Loaded:
-    dataset = await precomputed.load_dataset(o.store)
+    dataset = await precomputed.load_dataset(o.store, o.max_metadata)
     arrays = precomputed_array.volume_hierarchy(o.store, dataset, o.cache, o.decoded)
     return Loaded(dataset, arrays, precomputed_array.no_array_form(dataset))
 

@@ -42,6 +42,8 @@ OWN = {
     "request_timeout": ("request_timeout", "float", "remote stores: seconds one request may take (default 20)"),
     "retry_deadline": ("retry_deadline", "float", "remote stores: seconds to keep retrying a failing read before EIO (default 30)"),
     "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),
+    "max_metadata": ("max_metadata", "size", "largest metadata file (zarr.json, info) to read, as parsed: a larger one, or one "
+                                             "whose parse is estimated to take more, refuses the mount (default: a quarter of memory)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
     "endpoint": ("endpoint", "str", "s3:// and gs://: the service URL (S3-compatible servers, emulators)"),
@@ -74,6 +76,7 @@ class MountOptions:
     request_timeout: float = 20.0
     retry_deadline: float = 30.0
     block_cache: int | None = None
+    max_metadata: int | None = None
     mount_timeout: float = 60.0
     fsname: str | None = None
     endpoint: str | None = None
@@ -92,6 +95,14 @@ class MountOptions:
 #: memory the interpreter, libraries and in-flight buffers need besides the caches (measured
 #: ~60-80 MiB RSS for a daemon with every backend loaded, before any cache fills)
 RESERVE = 96 << 20
+#: Metadata files are parsed whole at mount time and kept; json.loads takes up to ~40 bytes
+#: per input byte (37.4 for 20-deep one-entry objects, 25 for `[{},{},...]`: measured in
+#: formats/jsonfile.py, whose estimate of it `max_metadata` bounds). A quarter of the budget
+#: lets a real file of up to ~7 MiB through at the default 256M (a consolidated zarr.json of
+#: ~4,000 arrays; real metadata is estimated at ~9 bytes per byte) and keeps the worst one
+#: under 16 MiB with memory=64M: the 28 MiB `[{},{},...]` of issue 22 (768 MiB parsed) is
+#: refused after 16 MiB are read, a 1 MiB one (~25 MiB parsed) before parsing.
+METADATA_SHARE = 4
 
 
 def resolve_caches(opts: MountOptions) -> MountOptions:
@@ -103,6 +114,8 @@ def resolve_caches(opts: MountOptions) -> MountOptions:
         opts.block_cache = share // 2
     if opts.decoded_cache is None:
         opts.decoded_cache = share // 4
+    if opts.max_metadata is None:
+        opts.max_metadata = opts.memory // METADATA_SHARE
     return opts
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import MetadataError
 from .formats.array import Hierarchy
+from .formats.jsonfile import read_metadata
 from .fuse_ops import Control
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, show
 from .options import MountOptions, resolve_caches, storage_options
@@ -90,9 +91,9 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
     source = store.display  # from here on, only the redacted form is ever shown
     # the index share of the budget is split between shard indexes and store listings
     opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),
-                    CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression)
+                    CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
     try:
-        kind = await detect(_probe(store))
+        kind = await detect(_probe(store, opts.max_metadata))
         if kind is None:
             raise MetadataError(source, f"not a recognised store ({RECOGNISED})")
         view = View(opts.view) if opts.view else kind.default_view
@@ -107,13 +108,13 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
         raise
 
 
-def _probe(store: Store):
-    """Reads of root keys for detection, each read once."""
+def _probe(store: Store, max_metadata: int):
+    """Reads of root keys for detection, each read once (metadata: within `max_metadata`)."""
     seen: dict[str, bytes | None] = {}
 
     async def probe(key: str) -> bytes | None:
         if key not in seen:
-            seen[key] = await store.read(key)
+            seen[key] = (await read_metadata(store, key, f"{store.display}/{key}", max_metadata))[0]
         return seen[key]
 
     return probe

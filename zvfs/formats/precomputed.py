@@ -31,7 +31,7 @@ from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .array import distinct
 from .chunkref import ChunkRef
-from .jsonfile import parse_json_object
+from .jsonfile import parse_json_object, read_metadata
 
 log = logging.getLogger("zvfs.precomputed")
 
@@ -518,17 +518,18 @@ class Dataset:
     versions: dict[str, Version] = field(default_factory=dict)  # info file path -> its stored version
 
 
-async def _sub_info(store: Store, path: str, where: str, versions: dict) -> dict | None:
-    raw, version = await store.read_version(f"{path}/{INFO}")
+async def _sub_info(store: Store, path: str, where: str, versions: dict, max_metadata: int | None) -> dict | None:
+    raw, version = await read_metadata(store, f"{path}/{INFO}", f"{where}/{path}/{INFO}", max_metadata)
     if version is not None:
         versions[f"{path}/{INFO}"] = version
     return None if raw is None else parse_json_object(raw, f"{where}/{path}/{INFO}", "info")
 
 
-async def load_dataset(store: Store) -> Dataset:
-    """Read and check every info file that decides the unsharded tree."""
+async def load_dataset(store: Store, max_metadata: int | None = None) -> Dataset:
+    """Read and check every info file that decides the unsharded tree (each within
+    `max_metadata`: jsonfile.read_metadata)."""
     where = store.display
-    raw, version = await store.read_version(INFO)
+    raw, version = await read_metadata(store, INFO, f"{where}/{INFO}", max_metadata)
     if raw is None:
         raise MetadataError(where, "no info file at the root (not a precomputed dataset)")
     info = parse_json_object(raw, f"{where}/{INFO}", "info")
@@ -561,7 +562,7 @@ async def load_dataset(store: Store) -> Dataset:
         if member not in info:
             continue
         path = check_name(info[member], f"{where}/{INFO}", member)
-        sub = await _sub_info(store, path, where, versions)
+        sub = await _sub_info(store, path, where, versions, max_metadata)
         if sub is None or sub.get("sharding") is None:
             continue  # legacy or unsharded: shown as stored
         w = f"{where}/{path}/{INFO}"

@@ -30,7 +30,7 @@ from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .array import ArrayModel, GroupModel, Hierarchy
 from .chunkref import ChunkRef
-from .jsonfile import parse_json_object
+from .jsonfile import parse_json_object, read_metadata
 
 log = logging.getLogger("zvfs.zarr3")
 
@@ -276,13 +276,14 @@ def child_path(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
-async def load_hierarchy(store: Store) -> dict[str, ArrayNode | GroupNode]:
+async def load_hierarchy(store: Store, max_metadata: int | None = None) -> dict[str, ArrayNode | GroupNode]:
     """Every group and array below the root, keyed by path ("" is the root).
 
     Directories without a `zarr.json` are not descended into (they are not Zarr nodes and are
-    shown as plain directories); arrays are not descended into either.
+    shown as plain directories); arrays are not descended into either. Every `zarr.json` is
+    read within `max_metadata` (jsonfile.read_metadata: the size known before it is parsed).
     """
-    raw, version = await store.read_version(META)
+    raw, version = await read_metadata(store, META, f"{store.display}/{META}", max_metadata)
     if raw is None:
         raise MetadataError(store.display, "no zarr.json at the root (not a Zarr v3 store)")
     nodes: dict[str, ArrayNode | GroupNode] = {}
@@ -299,7 +300,8 @@ async def load_hierarchy(store: Store) -> dict[str, ArrayNode | GroupNode]:
                 if not entry.is_dir:
                     continue
                 sub = child_path(path, entry.name)
-                child_raw, child_version = await store.read_version(f"{sub}/{META}")
+                child_raw, child_version = await read_metadata(store, f"{sub}/{META}", f"{store.display}/{sub}/{META}",
+                                                               max_metadata)
                 if child_raw is not None:
                     node.children.append(entry.name)
                     todo.append((sub, child_raw, child_version))

@@ -1,0 +1,338 @@
+"""Issue 22, one memory budget for every input: what a server sends and what metadata says can
+never grow the daemon past the budget. Under `-o memory=64M`, each crafted input below grew
+the daemon to GiBs before (2,367 MiB for an endless 206, 1,859 MiB for a gzip bomb, 768 MiB
+kept for a 28 MiB zarr.json of `[{},{},...]`); now each is EIO for the file it affects (the
+mount goes on and reads right once the server behaves) or a mount refused with one line and
+exit status 2, and the daemon's peak RSS (VmHWM) stays under 256 MiB.
+
+Real mounts through the kernel; HTTP through tests/misbehaving_http.py, S3 through moto's
+server and GCS through fake-gcs-server, each behind `FaultTCP` (the answer's headers and
+signatures intact, its body longer than asked for).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ZVFS, is_mounted, unmount, zvfs_mount
+from misbehaving_http import FaultTCP, MisbehavingHTTP
+from servers import GCS, S3
+
+BUDGET = "memory=64M"
+CEILING = 256 << 20  # the issue's bound for the daemon's peak RSS under memory=64M
+CHUNK = 512  # 512 x 512 uint32: 1 MiB chunk files, read in one request each (readahead to the chunk's end)
+
+
+def vm_hwm(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) * 1024
+
+
+def daemon_pid(mnt: Path) -> int:
+    (pid,) = subprocess.run(["pgrep", "-f", f"zvfs mount .* {mnt} --foreground"], capture_output=True,
+                            text=True).stdout.split()
+    return int(pid)
+
+
+def read_or_errno(path: Path) -> bytes | int:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        return e.errno
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """A Zarr v3 array of two uncompressed shards of four 1 MiB chunks, written by zarr-python."""
+    import zarr
+
+    root = tmp_path_factory.mktemp("budget") / "store.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    a = group.create_array("a", shape=(2 * CHUNK, 4 * CHUNK), chunks=(CHUNK, CHUNK), shards=(2 * CHUNK, 2 * CHUNK),
+                           dtype="uint32", compressors=None, fill_value=0)
+    data = np.random.default_rng(22).integers(0, 2**32, size=a.shape, dtype="uint32")
+    a[...] = data
+    return root, data
+
+
+def chunk(data: np.ndarray, i: int, j: int) -> bytes:
+    return data[i * CHUNK:(i + 1) * CHUNK, j * CHUNK:(j + 1) * CHUNK].tobytes()
+
+
+def bad_answer_then_right(mnt: Path, data: np.ndarray, misbehave, misbehaved, behave) -> int:
+    """List the array (every shard index read and cached), make the backend misbehave, read a
+    chunk file (EIO), make it behave, read it again (right: errors are never cached). Returns
+    the daemon's peak RSS."""
+    assert len([p for p in (mnt / "a" / "c").rglob("*") if p.is_file()]) == 8
+    misbehave()
+    t = time.monotonic()
+    assert read_or_errno(mnt / "a/c/1/2") == errno.EIO
+    assert time.monotonic() - t < 30
+    assert misbehaved() >= 1
+    peak = vm_hwm(daemon_pid(mnt))
+    behave()
+    assert (mnt / "a/c/1/2").read_bytes() == chunk(data, 1, 2)
+    return peak
+
+
+@pytest.mark.parametrize("mode, said", [("long", "announced"), ("endless", "more than the 1048576 bytes asked for"),
+                                        ("gzip", "Content-Encoding: gzip")])
+def test_an_http_answer_past_the_bytes_asked_for_is_eio_within_the_budget(store, tmp_path, mode, said):
+    """A 206 whose Content-Length announces 1 GiB more than the range asked for, one whose body
+    never ends, and a gzip bomb under Content-Encoding (sent although zvfs asks for identity):
+    EIO for the file, one log line saying why, the daemon under 256 MiB."""
+    root, data = store
+    server = MisbehavingHTTP(root.parent).start()
+    log = tmp_path / "zvfs.log"
+    try:
+        with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=log, options=(BUDGET, "retry_deadline=2")) as mnt:
+            peak = bad_answer_then_right(mnt, data, lambda: server.set(mode), lambda: server.misbehaved,
+                                         lambda: server.set("ok"))
+    finally:
+        server.stop()
+    print(f"\nhttp {mode}: daemon peak RSS {peak >> 20} MiB")
+    assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+    assert said in log.read_text()
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_an_object_store_body_longer_than_asked_for_is_eio_within_the_budget(store, tmp_path, kind):
+    """S3 (moto) and GCS (fake-gcs-server) behind a TCP proxy that passes the answer's headers
+    on but drops its Content-Length and sends 1 GiB more after the body: EIO, the daemon under
+    256 MiB; the same file reads right through the same mount once the proxy stops."""
+    root, data = store
+    server = S3().start() if kind == "s3" else GCS(tmp_path / "gcs").start()
+    proxy = FaultTCP(server.port).start()
+    log = tmp_path / "zvfs.log"
+    try:
+        url = server.upload(root, "budget", root.name)
+        options = (BUDGET, "retry_deadline=2", f"endpoint={proxy.url}", *(("anon",) if kind == "gcs" else ()))
+        with zvfs_mount(url, tmp_path / "mnt", log=log, options=options) as mnt:
+            peak = bad_answer_then_right(mnt, data, lambda: proxy.set("longer"), lambda: proxy.injected,
+                                         lambda: proxy.set(None))
+    finally:
+        proxy.stop()
+        server.stop()
+    print(f"\n{kind} longer body: daemon peak RSS {peak >> 20} MiB")
+    assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+    assert "more than the 1048576 bytes asked for" in log.read_text()
+
+
+async def test_encoded_answers_reach_zvfs_as_sent(store):
+    """aiohttp decodes gzip bodies by itself unless told not to: zvfs's requests are made with
+    `auto_decompress=False`, so what it reads of a gzip answer is the gzip stream as sent (and
+    refused), never a body decoded behind its back."""
+    from zvfs.errors import StorageError
+    from zvfs.storage.open import open_store
+    from zvfs.storage.remote import _on_loop
+
+    root, _ = store
+    server = MisbehavingHTTP(root.parent).start()
+    url = f"{server.url}/{root.name}"
+    store = open_store(url, readahead=0)
+    try:
+        server.set("gzip")
+
+        async def raw() -> tuple[str | None, bytes]:
+            r = await store._http_open("GET", f"{url}/a/c/0/0", {"Range": "bytes=0-65535"})
+            try:
+                body = b""
+                while len(body) <= 65536 and (part := await r.content.read(65537 - len(body))):
+                    body += part
+                return r.headers.get("Content-Encoding"), body
+            finally:
+                r.release()
+
+        encoding, body = await _on_loop(store._loop, raw)
+        assert encoding == "gzip" and body == server._bomb(65536)  # decoded, it would be 64 MiB of zeros
+        with pytest.raises(StorageError, match="Content-Encoding: gzip"):
+            await store.read("a/c/0/0", 0, 65536)
+    finally:
+        await store.aclose()
+        server.stop()
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def _dense(n: int) -> bytes:
+    """`n` bytes or a little more of `[{},{},...]`: ~25 bytes of Python objects per byte."""
+    return b"[" + b"{}," * (n // 3) + b"{}]"
+
+
+def _group_with(attributes: bytes) -> bytes:
+    return b'{"zarr_format":3,"node_type":"group","attributes":{"x":' + attributes + b"}}"
+
+
+def _sparse(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+INFO = {"@type": "neuroglancer_multiscale_volume", "type": "segmentation", "data_type": "uint64", "num_channels": 1,
+        "scales": [{"key": "8_8_8", "size": [64, 64, 64], "resolution": [8, 8, 8], "voxel_offset": [0, 0, 0],
+                    "chunk_sizes": [[32, 32, 32]], "encoding": "raw"}]}
+
+
+def _write_case(root: Path, case: str) -> tuple[str, int]:
+    """A store whose metadata is the case's; returns the file named in the refusal and its size."""
+    root.mkdir(parents=True)
+    if case.startswith("zarr"):
+        (root / "zarr.json").write_bytes(_group_with(b"{}"))
+        if case == "zarr_root_sparse_1GiB":
+            _sparse(root / "zarr.json", 1 << 30)
+            return "zarr.json", 1 << 30
+        (root / "child").mkdir()
+        size = 28 << 20 if case == "zarr_child_dense_28MiB" else 2 << 20
+        (root / "child" / "zarr.json").write_bytes(_group_with(_dense(size)))
+        return "child/zarr.json", (root / "child" / "zarr.json").stat().st_size
+    if case == "precomputed_dense_12MiB":
+        info = json.dumps(INFO).encode()[:-1] + b',"x":' + _dense(12 << 20) + b"}"
+        (root / "info").write_bytes(info)
+        return "info", len(info)
+    (root / "info").write_text(json.dumps({**INFO, "mesh": "mesh"}))
+    _sparse(root / "mesh" / "info", 1 << 30)
+    return "mesh/info", 1 << 30
+
+
+#: Runs a command and prints the peak RSS of its process tree (the children it and they waited
+#: for) in KiB. A small process in between: a child started from pytest itself (vfork) starts
+#: with pytest's own peak (~160 MiB) as its ru_maxrss.
+PEAK_OF = ("import resource, subprocess, sys; status = subprocess.run(sys.argv[1:]).returncode; "
+           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(status)")
+
+
+def mount_peak(src: Path, mnt: Path, *options: str) -> tuple[int, str, int]:
+    """`zvfs mount` (exit status, stderr) and the peak RSS of the daemon: from the rusage of
+    the mount's process tree when it is refused (the front end waits for its daemon), from the
+    daemon's VmHWM as well when it went up (then it is unmounted)."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        status = subprocess.run([sys.executable, "-c", PEAK_OF, *ZVFS, "mount", str(src), str(mnt), "-o", ",".join(options)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=300).returncode
+        out.seek(0)
+        err.seek(0)
+        peak, said = int(out.read().split()[-1]) * 1024, err.read().decode(errors="replace")
+    if is_mounted(mnt):
+        peak = max(peak, vm_hwm(daemon_pid(mnt)))
+        unmount(mnt)
+    return status, said, peak
+
+
+@pytest.mark.parametrize("case", ["zarr_child_dense_28MiB", "zarr_child_dense_2MiB", "zarr_root_sparse_1GiB",
+                                  "precomputed_dense_12MiB", "precomputed_mesh_sparse_1GiB"])
+def test_metadata_over_the_limit_refuses_the_mount_within_the_budget(tmp_path, case):
+    """A metadata file larger than max_metadata (16 MiB under memory=64M) is refused after at
+    most that much is read (a 1 GiB sparse zarr.json or mesh/info, a 28 MiB zarr.json); one
+    under it whose parse would take more (2 MiB of `[{},...]` in a group's attributes: ~50
+    MiB kept for the life of the mount before; 12 MiB in an info) is refused before it is
+    parsed. One line naming the file, its size and the option; exit 2; nothing mounted."""
+    root = tmp_path / "store"
+    name, size = _write_case(root, case)
+    status, said, peak = mount_peak(root, tmp_path / "mnt", BUDGET)
+    print(f"\n{case}: exit {status}, peak RSS {peak >> 20} MiB: {said.strip()}")
+    assert peak < CEILING, f"peak RSS {peak >> 20} MiB"
+    assert status == 2, said
+    assert len(said.strip().splitlines()) == 1, said
+    assert f"{root}/{name}: {size} bytes" in said and "max_metadata=16M" in said, said
+    assert not is_mounted(tmp_path / "mnt")
+
+
+def test_parsed_size_is_never_under_what_json_takes():
+    """`parsed_size` bounds the peak of json.loads (tracemalloc) for the worst shapes measured
+    and for random JSON values (hypothesis), ASCII or not."""
+    import tracemalloc
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from zvfs.formats.jsonfile import parsed_size
+
+    def peak(raw: bytes) -> int:
+        json.loads(raw)  # (the first parse of a shape allocates caches of its own)
+        tracemalloc.start()
+        try:
+            json.loads(raw)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    n = 100_000
+    worst = {"empty objects": _dense(3 * n), "empty lists": b"[" + b"[]," * n + b"[]]",
+             "one-entry objects": b"[" + b'{"":0},' * n + b"{}]", "20-deep objects": b'{"":' * 900 + b"{}" + b"}" * 900,
+             "ints": b"[" + b"999," * n + b"0]", "distinct keys": b"{" + b",".join(b'"%x":0' % i for i in range(n)) + b"}",
+             "a wide string": ('["\U0001F600' + "a" * n + '"]').encode(),
+             "escapes": b'["' + b"\\ud83d\\ude00" * n + b'"]'}
+    for shape, raw in worst.items():
+        assert peak(raw) <= parsed_size(raw), shape
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                          lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=100)
+
+    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(values, st.integers(1, 300), st.booleans())
+    def check(value, copies, ascii_only):
+        raw = json.dumps([value] * copies, ensure_ascii=ascii_only, separators=(",", ":")).encode()
+        assert peak(raw) <= parsed_size(raw)
+
+    check()
+
+
+# --------------------------------------------------------------------------- huge shard indexes
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22: a shard index is read and decoded whole whatever its size "
+                                       "(2**26 entries: 1 GiB), on the event loop; being fixed separately")
+def test_a_stat_in_a_shard_of_2_26_chunks_stays_in_the_budget_and_stalls_no_other_read(tmp_path):
+    """Metadata saying 2**26 inner chunks per shard (8192 x 8192 chunks of one byte) and a
+    sparse 1 GiB shard: one `stat` of one of its chunk files must keep the daemon under 256
+    MiB, and a read of another array during that stat must finish within a second."""
+    import zarr
+
+    root = tmp_path / "huge.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    small = group.create_array("small", shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="uint8", fill_value=0,
+                               compressors=None)
+    data = np.arange(64 * 64, dtype="uint8").reshape(64, 64)
+    small[...] = data
+    (root / "huge").mkdir()
+    (root / "huge" / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [8192, 8192], "data_type": "uint8", "fill_value": 0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [8192, 8192]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}], "index_location": "end",
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]}))
+    _sparse(root / "huge" / "c" / "0" / "0", 2**26 * 16 + 4)
+
+    def stat(path: Path) -> None:
+        try:
+            os.stat(path)
+        except OSError:
+            pass  # EIO or ENOENT: either is fine, the daemon's memory and its other reads are the point
+
+    with zvfs_mount(root, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=(BUDGET,)) as mnt:
+        assert (mnt / "small" / "zarr.json").exists()
+        stat_thread = threading.Thread(target=stat, args=(mnt / "huge" / "c" / "0" / "0",), daemon=True)
+        stat_thread.start()
+        time.sleep(0.3)
+        t = time.monotonic()
+        got = (mnt / "small" / "c" / "1" / "1").read_bytes()
+        elapsed = time.monotonic() - t
+        stat_thread.join(120)
+        peak = vm_hwm(daemon_pid(mnt))
+    print(f"\nhuge index: other read {elapsed:.2f} s, daemon peak RSS {peak >> 20} MiB")
+    assert got == data[16:32, 16:32].tobytes()
+    assert elapsed < 1.0, f"a read of another array took {elapsed:.2f} s"
+    assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
