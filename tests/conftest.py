@@ -191,6 +191,19 @@ class Stores:
         return self._mounts[key].parent / "zvfs.log"
 
 
+@pytest.fixture
+def public_tmp():
+    """A directory every user may reach. pytest's own are 0700, and a store under them is
+    closed to everyone but root through a mount, as the store's own permissions say."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="zvfs-public-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def tmp_base(tmp_path_factory) -> Path:
     return tmp_path_factory.getbasetemp()

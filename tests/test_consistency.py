@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -193,7 +194,9 @@ def test_times_and_modes_come_from_the_store(tmp_path):
     """Chunk files carry their shard's mtime and (read-only) mode, rewritten metadata the
     mtime of the file it was rewritten from: rsync and make see nothing changed after a
     remount, and nothing is more readable through the mount than in the store."""
-    src, _, old, _ = _stores(tmp_path)
+    base = Path(tempfile.mkdtemp(prefix="zvfs-modes-"))  # every reader may reach it (pytest's own are 0700)
+    base.chmod(0o755)
+    src, _, old, _ = _stores(base)
     shard, meta = src / "c/0/0", src / "zarr.json"
     os.utime(shard, (1_600_000_000, 1_600_000_000))
     os.utime(meta, (1_500_000_000, 1_500_000_000))
@@ -207,3 +210,4 @@ def test_times_and_modes_come_from_the_store(tmp_path):
                 assert st.st_mode & 0o777 == 0o440
             assert (mnt / "zarr.json").stat().st_mtime == 1_500_000_000
             assert (mnt / "c").stat().st_mode & 0o777 == 0o550
+    shutil.rmtree(base)

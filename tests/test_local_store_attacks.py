@@ -101,7 +101,8 @@ async def walk(store: LocalStore, prefix: str = "", limit: int = 10_000) -> set[
 # versions
 
 
-async def test_versions_follow_rewrite_replace_truncate_and_delete(tmp_path):
+async def test_versions_follow_rewrite_replace_truncate_and_delete(public_tmp):
+    tmp_path = public_tmp  # (modes are the bits a reader has: every directory above is open)
     shard = tmp_path / "shard"
     shard.write_bytes(b"A" * 1000)
     store = LocalStore(str(tmp_path))
@@ -322,7 +323,8 @@ async def test_symlink_loops_are_not_listed(tmp_path):
         await store.aclose()
 
 
-async def test_listings_carry_modes_and_mtimes(tmp_path):
+async def test_listings_carry_modes_and_mtimes(public_tmp):
+    tmp_path = public_tmp  # (modes are the bits a reader has: every directory above is open)
     (tmp_path / "d").mkdir(mode=0o750)
     (tmp_path / "d").chmod(0o750)
     (tmp_path / "private").write_bytes(b"p")
@@ -558,8 +560,9 @@ def as_user(user: str, *cmd, timeout: float = 30) -> subprocess.CompletedProcess
 @pytest.fixture(scope="module")
 def hostile_store(tmp_path_factory):
     """A zarr-python store with a symlink loop, links to a root-only file outside the store,
-    and files and shards of mode 0600 next to 0644 ones."""
-    base = tmp_path_factory.mktemp("hostile")
+    and files and shards of mode 0600 next to 0644 ones, in a directory every user may reach."""
+    base = Path(tempfile.mkdtemp(prefix="zvfs-hostile-", dir="/tmp"))
+    base.chmod(0o755)
     outside = base / "outside"
     outside.mkdir()
     (outside / "secret").write_text("root only\n")
@@ -577,7 +580,8 @@ def hostile_store(tmp_path_factory):
     (root / "public.txt").chmod(0o644)
     (root / "b" / "c" / "0" / "0").chmod(0o600)  # inner chunks 0-3 x 0-3 of b
     (root / "b" / "c" / "1" / "1").chmod(0o644)
-    return root
+    yield root
+    subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False, timeout=60)
 
 
 @contextlib.contextmanager

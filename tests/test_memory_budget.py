@@ -292,8 +292,6 @@ def test_parsed_size_is_never_under_what_json_takes():
 # --------------------------------------------------------------------------- huge shard indexes
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22: a shard index is read and decoded whole whatever its size "
-                                       "(2**26 entries: 1 GiB), on the event loop; being fixed separately")
 def test_a_stat_in_a_shard_of_2_26_chunks_stays_in_the_budget_and_stalls_no_other_read(tmp_path):
     """Metadata saying 2**26 inner chunks per shard (8192 x 8192 chunks of one byte) and a
     sparse 1 GiB shard: one `stat` of one of its chunk files must keep the daemon under 256

@@ -95,3 +95,54 @@ def test_allow_root_lets_root_in_and_nobody_else(base, reader):
         assert r.returncode != 0 and b"ermission denied" in r.stderr
     with _mount(base, "private", []) as mnt:
         assert _as_reader("ls", mnt).returncode != 0
+
+
+@pytest.fixture(scope="module")
+def closed_store():
+    """Arrays behind a 0700 group, in a 0700 array directory, with a 0700 `c/`, and with a 0700
+    shard row directory (`c/0/`), beside an open one; files 0644 everywhere."""
+    path = Path(tempfile.mkdtemp(prefix="zvfs-closed-"))
+    path.chmod(0o755)
+    src = path / "store.zarr"
+    root = zarr.open_group(str(src), mode="w", zarr_format=3)
+    data = np.arange(32 * 32, dtype=np.uint16).reshape(32, 32).astype(np.uint8) + 1
+    for name in ("open/a", "private/b", "locked_array", "locked_c", "locked_row"):
+        parent, _, leaf = name.rpartition("/")
+        group = root.require_group(parent) if parent else root
+        group.create_array(leaf, shape=(32, 32), shards=(16, 16), chunks=(8, 8), dtype="uint8", fill_value=0,
+                           compressors=None, dimension_names=["y", "x"])[...] = data
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    for closed in ("private", "locked_array", "locked_c/c", "locked_row/c/0"):
+        (src / closed).chmod(0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
+def test_a_reader_reads_through_the_mount_exactly_what_the_store_lets_them(closed_store, reader, view):
+    """Through an allow_other mount, another user reads every file under the open array and
+    none under a 0700 directory at any level (group, array, `c/`, a shard's row directory),
+    in every view; root reads them all. (Before: directories showed 0555 whatever the store
+    said, and only 0600 files stayed closed.)"""
+    mnt = closed_store / f"mnt-{view}"
+    mnt.mkdir(exist_ok=True)
+    mnt.chmod(0o755)
+    with zvfs_mount(closed_store / "store.zarr", mnt, options=["allow_other", f"view={view}"]):
+        files = {top: sorted(p for p in (mnt / top).rglob("*") if p.is_file())
+                 for top in ("open", "private", "locked_array", "locked_c", "locked_row")}
+        for top, found in files.items():
+            assert found, f"{view}: root sees no files under {top}"
+            chunks = [p for p in found if p.name not in ("zarr.json", ".zarray", ".zattrs", ".zgroup", "attributes.json")]
+            assert chunks, f"{view}: no chunk files under {top}"
+            readable = [p for p in found if _as_reader("cat", p).returncode == 0]
+            if top == "open":
+                assert readable == found, f"{view}: the reader cannot read {sorted(set(found) - set(readable))[:3]}"
+            elif top == "locked_c":  # the metadata beside `c/` is open in the store too
+                assert readable == [p for p in found if p not in chunks], (view, readable[:3])
+            elif top == "locked_row":  # only the chunks of the shards in c/0/ are closed
+                closed = [p for p in chunks if p not in readable]
+                assert closed and all(p in readable for p in found if p not in chunks), (view, closed[:3])
+                assert len(closed) == 8, f"{view}: {len(closed)} chunk files closed, expected the 8 of the c/0/ shards"
+            else:
+                assert not readable, f"{view}: the reader reads {readable[:3]} under the closed {top}"

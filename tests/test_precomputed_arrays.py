@@ -63,9 +63,18 @@ async def open_hierarchy(path: Path):
 async def read_chunk(store, ref, decoded) -> bytes:
     f = RangeFile(1, store, ref, decoded)
     size = await f.size()
-    data = await f.read(0, size + 1)
+    data = await read_opened(f, size + 1)
     assert len(data) == size
     return data
+
+
+async def read_opened(f: RangeFile, size: int) -> bytes:
+    """What an open and one read of `size` bytes give (a mount's open: a snapshot)."""
+    handle = await f.open()
+    try:
+        return await handle.read(0, size)
+    finally:
+        handle.release()
 
 
 def original(root: Path, name: str, i: int) -> np.ndarray:
@@ -469,7 +478,7 @@ async def test_a_large_chunk_decodes_while_the_event_loop_goes_on(tmp_path):
         a = h[scale.key]
         first, second = await a.chunks.locate((0, 0, 0, 0)), await a.chunks.locate((1, 0, 0, 0))
         assert first.decode is not None and second.decode is not None
-        await RangeFile(1, store, first, decoded).read(0, 1)  # the shard's descriptor and index are at hand now
+        await read_opened(RangeFile(1, store, first, decoded), 1)  # the shard's descriptor and index are at hand now
         steps, reading = 0, True
 
         async def other_request():
@@ -480,7 +489,7 @@ async def test_a_large_chunk_decodes_while_the_event_loop_goes_on(tmp_path):
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(other_request)
-            data = await RangeFile(2, store, second, decoded).read(0, 1 << 22)
+            data = await read_opened(RangeFile(2, store, second, decoded), 1 << 22)
             reading = False
         assert steps > 0, "the event loop ran nothing while the chunk decoded"
         got = np.frombuffer(data, np.uint8).reshape((128, 128, 128), order="F")

@@ -226,7 +226,7 @@ def test_n5_keys_are_never_shadowed_by_attributes(tmp_path):
         group = json.loads((mnt / "attributes.json").read_text())
         dataset = json.loads((mnt / "a" / "attributes.json").read_text())
         got = read_n5(mnt / "a")
-    assert group == {"n5": "2.0.0", "keep": 1}
+    assert group == {"n5": "2.0.0", "keep": 1, "zarr": {"attributes": {"n5": "9.9.9", "dimensions": [1]}}}
     assert dataset["dimensions"] == [6, 10] and dataset["dataType"] == "uint16" and dataset["blockSize"] == [3, 5]
     assert dataset["compression"]["type"] == "raw" and dataset["keep"] == 2
     assert np.array_equal(got, np.arange(60, dtype="uint16").reshape(10, 6))

@@ -44,7 +44,11 @@ async def _copy(node, dest: Path) -> None:
             await _copy(child, dest / name)
             continue
         known, size = child.known_size(), await child.size()
-        data = await child.read(0, size + 1)
+        handle = await child.open()  # (as a mount's open: a snapshot)
+        try:
+            data = await handle.read(0, size + 1)
+        finally:
+            handle.release()
         assert len(data) == size and known in (None, size), f"{dest / name}: sizes {known}, {size}, read {len(data)}"
         at_hand = child.bytes_at_hand()  # what a walk would push into the kernel's cache for this file
         assert at_hand is None or bytes(at_hand) == data, f"{dest / name}: bytes at hand differ from the file's"

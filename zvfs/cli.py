@@ -504,10 +504,14 @@ async def _cat(args) -> int:
             return _fail(f"{args.path}: no such file or directory", 1)
         if node.is_dir:
             return _fail(f"{args.path}: is a directory", 1)
-        size, step, out = await node.size(), 1 << 20, sys.stdout.buffer
-        for off in range(0, size, step):
-            out.write(await node.read(off, step))
-        out.flush()
+        handle = await node.open()  # a snapshot, as a mount's open
+        try:
+            size, step, out = handle.size if handle.size is not None else await node.size(), 1 << 20, sys.stdout.buffer
+            for off in range(0, size, step):
+                out.write(await handle.read(off, step))
+            out.flush()
+        finally:
+            handle.release()
         return 0
     finally:
         await src.store.aclose()

@@ -21,7 +21,7 @@ import pyfuse3
 import trio
 
 from .errors import MetadataError, ZvfsError
-from .fuse_ops import ZvfsOperations
+from .fuse_ops import ZvfsOperations, kernel_table
 from .mounting import READY_FD_ENV, check_mountpoint, shown
 from .options import MountOptions
 from .source import open_source
@@ -180,8 +180,9 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
-            ops = ZvfsOperations(opened.tree, opened.control(), opened.root_mode, opts.uid, opts.gid, opts.umask,
-                                 push_ahead=opts.readahead if opened.local else 0)
+            ops = ZvfsOperations(opened.tree, opened.control(), opened.root, opts.uid, opts.gid, opts.umask,
+                                 push_ahead=opts.readahead if opened.local else 0,
+                                 kernel_kept=kernel_table(opts))
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)

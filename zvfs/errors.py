@@ -44,3 +44,26 @@ class StorageError(ZvfsError):
 
 class OptionError(ZvfsError):
     """A mount option or command-line argument that zvfs does not accept."""
+
+
+class Gone(ZvfsError):
+    """A file that was there is no longer stored (a chunk whose shard lost it): ENOENT."""
+
+
+class Stale(ZvfsError):
+    """An inode number of a listing that no longer holds (its directory changed since): the
+    kernel looks the name up again (ESTALE)."""
+
+
+_SAID: set[str] = set()
+
+
+def first_time(message: str) -> bool:
+    """Whether `message` is said for the first time (a problem is logged once, not on every
+    read or listing that meets it; bounded)."""
+    if message in _SAID:
+        return False
+    if len(_SAID) >= 4096:
+        _SAID.clear()
+    _SAID.add(message)
+    return True

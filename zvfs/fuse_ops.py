@@ -1,20 +1,19 @@
 """The pyfuse3 front: maps kernel requests onto the virtual tree, and nothing else.
 
 Entries and attributes get long timeouts and pages are kept in the kernel cache
-(`keep_cache`): stores are read as immutable. What changes anyway (a shard rewritten or
-replaced while mounted) is noticed when a chunk file is opened (`File.revalidate`: one stat
-locally) or by a read whose shard no longer has the expected version; the kernel's cached
-size and pages of that file are then invalidated before anything is read, so a reader gets
-the chunk as it was or as it is, or EIO, never bytes of another chunk. Chunk files opened in
-listing order get the next files' bytes put in the kernel's page cache ahead of their opens
-(`_push_ahead_of`): their reads never reach the daemon.
+(`keep_cache`). An open is a snapshot (`File.open`, handles.py): it sees the version of the file
+current at the open (one stat locally), and its reads come from that version or fail with EIO.
+What the kernel may hold of each inode is kept track of (fuse_kernel.py), so that an open whose
+version differs from the kernel's pages or attributes drops them before it returns. Chunk files
+opened in listing order get the next files' bytes put in the kernel's page cache ahead of their
+opens (`_push_ahead_of`): their reads never reach the daemon.
 
 Every handler turns failures into an errno: a corrupt shard or a backend fault is EIO for that
 one request, and the daemon never dies from its input. `flush` and the xattr handlers are
 deliberately left out (measured: each costs a round trip per file, and ENOSYS makes the kernel
 stop asking). Live counters and `zvfs refresh` go through two hidden files at the mount root
 (`.zvfs.stats`, `.zvfs.refresh`), found by name only: never listed, so `find`, `cp -r` and
-`ls -a` never see them.
+`ls -a` never see them; only the mount's owner and root may open them.
 """
 
 from __future__ import annotations
@@ -26,15 +25,17 @@ import os
 import stat
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pyfuse3
 import trio
 
-from .errors import CorruptShardError, ShardChanged, StorageError
-from .tree import ROOT_INO, Dir, File, Node, Rows, Tree
+from .errors import CorruptShardError, Gone, ShardChanged, Stale, StorageError, first_time
+from .fuse_kernel import KernelCache
+from .handles import BytesHandle, Handle
+from .tree import ROOT_INO, File, Node, Stamp, Tree
 
 log = logging.getLogger("zvfs.fuse")
 
@@ -47,14 +48,26 @@ STATS_FILE, REFRESH_FILE = ".zvfs.stats", ".zvfs.refresh"
 BLKSIZE = 1 << 17
 CONTROL_INOS = {STATS_FILE: 2**63 - 2, REFRESH_FILE: 2**63 - 1}
 _CONTROL = frozenset(CONTROL_INOS.values())
-#: files a walk's open pushes ahead of it (`_push_ahead_of`), the largest file pushed, and
-#: how many pushed files are kept track of. Small files only: the kernel stores pushed bytes
-#: page by page (25 us per 64 KiB file here, against 5 for 4 KiB), while a READ fills large
-#: folios; `find | xargs cat`, zvfs/floor: 1 MiB files 1.08 -> 1.12 if pushed (medians of 5
-#: alternated runs). Files up to PUSH_NOW_MAX are pushed before the open answers.
-PUSH_FILES, PUSH_MAX_FILE, PUSHED_KEPT = 4, BLKSIZE, 4096
+#: files a walk's open pushes ahead of it (`_push_ahead_of`), and the largest file pushed.
+#: Small files only: the kernel stores pushed bytes page by page (25 us per 64 KiB file here,
+#: against 5 for 4 KiB), while a READ fills large folios; `find | xargs cat`, zvfs/floor: 1 MiB
+#: files 1.08 -> 1.12 if pushed (medians of 5 alternated runs). Files up to PUSH_NOW_MAX are
+#: pushed before the open answers.
+PUSH_FILES, PUSH_MAX_FILE = 4, BLKSIZE
 PUSH_NOW_MAX = 16 << 10
-_UNSET = object()
+#: inodes whose kernel state is kept track of (fuse_kernel.py): 100-200 bytes each, sized from
+#: the index share of the memory budget (`kernel_table`); inodes let go of are invalidated in
+#: the kernel (2-5 us each, in a worker thread)
+KERNEL_KEPT = 1 << 17
+
+
+def kernel_table(opts) -> int:
+    """Inodes whose kernel state a mount keeps track of: a fifth of the index cache's bytes at
+    ~200 bytes each (5,000 under memory=64M, 40,000 at the default 256M)."""
+    return max(4096, min(KERNEL_KEPT, opts.index_cache // 1000))
+#: listing rows made at once for readdir requests (the kernel asks for a page of entries at a
+#: time, ~25 of them: a window, kept with the directory handle, serves dozens of requests)
+READDIR_WINDOW = 1024
 _FS_ENCODING = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 
@@ -66,7 +79,7 @@ class Counters:
     files_read: int = 0  # files opened for reading
     bytes_served: int = 0
     eio: int = 0  # errors answered as EIO
-    changed: int = 0  # chunk files found changed at open (shard rewritten or replaced)
+    changed: int = 0  # opens that found another version than the kernel held (its pages dropped)
     pushed: int = 0  # files whose bytes were put in the kernel's cache ahead of their open
     bytes_pushed: int = 0
 
@@ -83,10 +96,15 @@ class Control:
 def _errno_of(exc: BaseException) -> int:
     if isinstance(exc, pyfuse3.FUSEError):
         return exc.errno
+    if isinstance(exc, Gone):
+        return errno.ENOENT
+    if isinstance(exc, Stale):
+        return errno.ESTALE
     if isinstance(exc, CorruptShardError):
         return errno.EIO  # logged where the shard was found bad
     if isinstance(exc, (StorageError, ShardChanged)):
-        log.error("%s", exc)
+        if first_time(str(exc)):  # one line per problem, not per read
+            log.error("%s", exc)
         return errno.EIO
     log.exception("internal error")
     return errno.EIO
@@ -108,43 +126,51 @@ def guarded(handler):
     return wrapper
 
 
-class _Handle:
-    """An open file: the node, and whether any bytes were served from it yet."""
+class _Open:
+    """An open file: its inode and its handle (the snapshot it reads)."""
 
-    __slots__ = ("node", "served")
+    __slots__ = ("ino", "handle")
 
-    def __init__(self, node: File):
-        self.node = node
-        self.served = False
+    def __init__(self, ino: int, handle: Handle):
+        self.ino = ino
+        self.handle = handle
 
 
 class ZvfsOperations(pyfuse3.Operations):
-    def __init__(self, tree: Tree, control: Control | None = None, root_mode: int | None = None,
+    def __init__(self, tree: Tree, control: Control | None = None, root: Stamp | None = None,
                  uid: int | None = None, gid: int | None = None, umask: int | None = None,
-                 push_ahead: int = 0):
+                 push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT):
         super().__init__()
         self.tree = tree
         self.control = control or Control()
         self.counters = self.control.counters
-        self.uid = os.getuid() if uid is None else uid
-        self.gid = os.getgid() if gid is None else gid
+        #: the mount's owner: the control files answer it and root only
+        self.owner = os.getuid()
+        #: `uid=`, `gid=`: shown for every node; otherwise each node's own (the store's, where
+        #: it says), else the store root's (local stores), else the daemon's
+        self.uid, self.gid = uid, gid
+        root = root or Stamp()
+        self.default_uid = os.getuid() if root.uid is None else root.uid
+        self.default_gid = os.getgid() if root.gid is None else root.gid
         self.stamp_ns = time.time_ns()
-        #: permission bits no node may exceed: the store root's read and search bits (local
-        #: stores), so a store closed to others stays closed through an allow_other mount
-        self.mask = 0o555 if root_mode is None else root_mode & 0o555
+        #: permission bits of nodes that have none of their own: the store root's as a reader
+        #: sees them (local stores), so nothing is shown wider than the store
+        self.mask = 0o555 if root.mode is None else root.mode & 0o555
         #: an administrator's `umask=`: every node gets 0555/0444 less these bits, whatever the
         #: store's own bits (the way to share a store that is closed to others, on purpose)
         self.umask = umask
-        self._open: dict[int, _Handle] = {}  # file handle -> open file: reads need no lookup
-        self._dirs: dict[int, tuple[Dir, Rows | None]] = {}  # dir handle -> listing
+        self._open: dict[int, _Open] = {}  # file handle -> open file: reads need no lookup
+        self._dirs: dict[int, tuple] = {}  # dir handle -> (node, its rows, the window of rows at hand: start, lists)
         self._next_fh = 1
+        #: what the kernel may hold of each inode (fuse_kernel.py); inodes it lets go of are
+        #: invalidated in the kernel by a worker thread (`_dropper`)
+        self.kernel = KernelCache(kernel_kept, self._queue_drops)
+        self._drops: deque[int] = deque()
+        self._dropper: trio.lowlevel.Task | None = None
+        self._dropper_started = False
         #: bytes of the files a walk opens next that may be put in the kernel's cache at once
-        #: (`_push_ahead_of`), 0 for none; the files pushed and not opened since, and how
-        #: many handles each open inode has (a file with one is never pushed)
+        #: (`_push_ahead_of`), 0 for none
         self.push_ahead = push_ahead
-        self._pushed: OrderedDict[int, File] = OrderedDict()
-        self._unchecked: set[int] = set()  # pushed files being dropped from the kernel's cache
-        self._opened: dict[int, int] = {}
         self._to_push: deque[list[File]] = deque()  # files to push once their opens answered
         self._to_push_started = False
         self._pusher: trio.lowlevel.Task | None = None  # the task pushing them, parked
@@ -155,7 +181,7 @@ class ZvfsOperations(pyfuse3.Operations):
         top = 0o555 if is_dir else 0o444
         if self.umask is not None:
             return top & ~self.umask
-        return top & self.mask & (0o7777 if mode is None else mode)
+        return top & (self.mask if mode is None else mode)
 
     def _fail(self, e: BaseException) -> int:
         code = _errno_of(e)
@@ -169,42 +195,47 @@ class ZvfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
-    async def _attrs(self, node: Node, listing: bool = False) -> pyfuse3.EntryAttributes:
-        """Attributes; in a listing, a file whose size needs I/O or decoding gets size 0 and
-        an attribute timeout of 0, so the kernel asks `getattr` (the exact size) before any
-        stat or read of it, and the listing itself decodes nothing."""
+    def _owner(self, a: pyfuse3.EntryAttributes, stamp: Stamp) -> None:
+        a.st_uid = self.uid if self.uid is not None else self.default_uid if stamp.uid is None else stamp.uid
+        a.st_gid = self.gid if self.gid is not None else self.default_gid if stamp.gid is None else stamp.gid
+
+    async def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        """Attributes, as the kernel is told them (recorded: fuse_kernel.py)."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
         a.attr_timeout = TIMEOUT
-        mode, mtime = node.stamp()
+        stamp = node.stamp()
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | self._perm(True, mode)
+            a.st_mode = stat.S_IFDIR | self._perm(True, stamp.mode)
             a.st_nlink = 2
             a.st_size = 0
         else:
             assert isinstance(node, File)
-            a.st_mode = stat.S_IFREG | self._perm(False, mode)
+            a.st_mode = stat.S_IFREG | self._perm(False, stamp.mode)
             a.st_nlink = 1
-            size = node.known_size() if listing else await node.size()
-            if size is None:
-                size, a.attr_timeout = 0, 0
-            a.st_size = size
-        a.st_uid = self.uid
-        a.st_gid = self.gid
+            token = node.token()
+            held = self.kernel.size_for(node.ino, token)
+            if held is None:
+                a.st_size = await node.size()
+                self.kernel.told_about(node.ino, token)
+            else:  # handles read another version: its size
+                a.st_size = held
+        self._owner(a, stamp)
         a.st_blksize = BLKSIZE
         a.st_blocks = (a.st_size + 511) // 512
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if mtime is None else int(mtime * 1e9)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
         a.entry_timeout = TIMEOUT
         a.generation = 0
         return a
 
     def _control_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
-        """A control file: size 0 and no caching; read with direct I/O to its end."""
+        """A control file: size 0 and no caching; read with direct I/O to its end; the mount's
+        owner's alone."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
-        a.st_mode = stat.S_IFREG | 0o444
+        a.st_mode = stat.S_IFREG | 0o400
         a.st_nlink = 1
-        a.st_uid, a.st_gid = self.uid, self.gid
+        a.st_uid, a.st_gid = self.owner, os.getgid()
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = time.time_ns()
         a.entry_timeout = a.attr_timeout = 0
         return a
@@ -238,7 +269,7 @@ class ZvfsOperations(pyfuse3.Operations):
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._dirs[fh] = (node, None)  # type: ignore[assignment]
+        self._dirs[fh] = (node, None, 0, None)  # type: ignore[assignment]
         return fh
 
     @guarded
@@ -247,74 +278,85 @@ class ZvfsOperations(pyfuse3.Operations):
         the rows are built once per open directory handle and served by offset, so a listing
         costs linear time, not one rebuild per piece. One attributes object is filled per
         entry (readdir_reply copies it)."""
-        node, rows = self._dirs[fh]
+        node, rows, at, window = self._dirs[fh]
         if rows is None:
             rows = await node.rows()
-            self._dirs[fh] = (node, rows)
+        if window is None or not at <= start_id < at + len(window[0]):
+            at, window = start_id, rows.window(start_id, start_id + READDIR_WINDOW)
+        self._dirs[fh] = (node, rows, at, window)
         a = pyfuse3.EntryAttributes()
-        a.st_uid, a.st_gid, a.st_blksize = self.uid, self.gid, BLKSIZE
+        a.st_blksize = BLKSIZE
         a.entry_timeout, a.generation = TIMEOUT, 0
         shown: dict[tuple[bool, int | None], int] = {}  # (is_dir, the store's bits) -> st_mode
-        reply, stamp, last_mtime = pyfuse3.readdir_reply, self.stamp_ns, _UNSET
-        names, inos, dirs, sizes, modes, mtimes = rows.names, rows.inos, rows.is_dir, rows.sizes, rows.modes, rows.mtimes
-        for i in range(start_id, len(names)):
-            is_dir, mode, size = dirs[i], modes[i], sizes[i]
-            a.st_ino = inos[i]
-            st_mode = shown.get((is_dir, mode))
+        reply, told, cached, last_stamp, held = pyfuse3.readdir_reply, self.kernel.told_about, self.kernel.cached, None, None
+        names, inos, dirs, sizes, stamps, tokens = window
+        for j in range(start_id - at, len(names)):
+            is_dir, stamp, size, ino = dirs[j], stamps[j], sizes[j], inos[j]
+            a.st_ino = ino
+            st_mode = shown.get((is_dir, stamp.mode))
             if st_mode is None:
-                st_mode = shown[(is_dir, mode)] = (stat.S_IFDIR if is_dir else stat.S_IFREG) | self._perm(is_dir, mode)
+                st_mode = shown[(is_dir, stamp.mode)] = (stat.S_IFDIR if is_dir else stat.S_IFREG) | self._perm(is_dir, stamp.mode)
             a.st_mode = st_mode
+            if stamp is not last_stamp:  # (a shard's files share one: times and owner set once per shard)
+                last_stamp = stamp
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
+                self._owner(a, stamp)
             if is_dir:
                 a.st_nlink, a.st_size, a.attr_timeout = 2, 0, TIMEOUT
             else:
                 a.st_nlink = 1
+                held = cached.get(ino)
+                if held is not None and held[0] != tokens[j]:  # handles read another version
+                    size = held[1]
                 a.st_size, a.attr_timeout = (0, 0) if size is None else (size, TIMEOUT)
             a.st_blocks = (a.st_size + 511) // 512
-            mtime = mtimes[i]
-            if mtime is not last_mtime:  # (a shard's files share one: times set once per shard)
-                last_mtime = mtime
-                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = stamp if mtime is None else int(mtime * 1e9)
-            if not reply(token, names[i].encode(*_FS_ENCODING), a, i + 1):  # os.fsencode, without its frame
+            if not reply(token, names[j].encode(*_FS_ENCODING), a, at + j + 1):  # os.fsencode, without its frame
                 break
+            if not is_dir and held is None:
+                told(ino, tokens[j])
 
     async def releasedir(self, fh):
         self._dirs.pop(fh, None)
 
     async def open(self, inode, flags, ctx):
         """Hot path (once per file): no decorator frame, the node usually comes from the
-        tree's recent table. Never direct I/O: it would be ~25% faster for 1 MiB files, but
-        mmap of a direct-I/O FUSE file fails (ENODEV), and readers that mmap chunks must work."""
+        tree's recent table. Never direct I/O unless two versions of the file are open at once:
+        it would be ~25% faster for 1 MiB files, but mmap of a direct-I/O FUSE file fails
+        (ENODEV), and readers that mmap chunks must work."""
         if flags & _WRITING:
             raise pyfuse3.FUSEError(errno.EROFS)
         try:
             node = self.tree.known(inode)
             if node is None:
                 if inode in _CONTROL:
-                    return self._open_control(inode)
+                    return self._open_control(inode, ctx)
                 node = await self._node(inode)
             if node.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
-            file, changed = await node.revalidate()  # type: ignore[union-attr]
-            if file is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            if self._pushed:
-                pushed = self._pushed.pop(inode, None)
-                changed = changed or pushed is not None and not file.holds_bytes_of(pushed)
-            if self._unchecked and inode in self._unchecked:
-                changed = True
-            if changed:
-                await self._forget_cached(inode)
+            handle = await node.open()  # type: ignore[union-attr]
         except pyfuse3.FUSEError:
             raise
         except Exception as e:  # noqa: BLE001
             raise pyfuse3.FUSEError(self._fail(e)) from None
+        keep, direct, forget_attrs = self.kernel.opening(inode, handle.token, handle.size)
+        if forget_attrs:  # the kernel's size and times are of another version
+            self.counters.changed += 1
+            self._forget_attributes(inode)
+        self.tree.remember(node)
         fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._open[fh] = _Handle(file)
-        self._opened[inode] = self._opened.get(inode, 0) + 1
+        self._open[fh] = _Open(inode, handle)
         self.counters.files_read += 1
         if self.push_ahead:
-            self._push_ahead_of(file)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not changed)
+            self._push_ahead_of(node)  # type: ignore[arg-type]
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
+
+    def _forget_attributes(self, inode: int) -> None:
+        """Before the open answers (on the loop: an attribute-only invalidation takes no page
+        lock, so it cannot wait for a read this loop has yet to answer)."""
+        try:
+            pyfuse3.invalidate_inode(inode, True)
+        except OSError as e:
+            log.debug("cannot invalidate the attributes of inode %d: %s", inode, e)
 
     def _push_ahead_of(self, file: File) -> None:
         """A walk in listing order (`cp -r`, `find | xargs cat`) opens the next files right
@@ -361,13 +403,13 @@ class ZvfsOperations(pyfuse3.Operations):
         """Only files with no open handle: a read of an open file may hold its pages locked
         until this loop answers it, and the push would wait for that lock for ever (a mount
         without this rule hung). The check and the push run with no await between them. The
-        bytes are checked once, at the open of a pushed file (`File.holds_bytes_of`: its
-        shard still at the version its listing saw), else the kernel drops them; a pushed file
-        no longer kept track of is dropped, and until it is, opened as a changed one."""
+        bytes pushed are those of the version the file's token names (read and checked
+        against it now), and the kernel's state of the inode is recorded as that version, so
+        the open that follows keeps them only if it sees the same version."""
         budget = self.push_ahead
         for file in files:
             size = file.known_size()
-            if file.ino in self._opened or not size:
+            if not size:
                 continue
             if size > min(budget, PUSH_MAX_FILE):
                 break
@@ -375,7 +417,8 @@ class ZvfsOperations(pyfuse3.Operations):
                 data = file.bytes_at_hand()
                 if data is None:
                     break
-                self._pushed[file.ino] = file  # (first: a store that fails half way may leave pages)
+                if not self.kernel.pushing(file.ino, file.token()):
+                    continue
                 pyfuse3.notify_store(file.ino, 0, data)
             except Exception as e:  # noqa: BLE001 - a push is only a hint: the open will read
                 log.debug("not pushed ahead: inode %d: %s", file.ino, e)
@@ -383,84 +426,75 @@ class ZvfsOperations(pyfuse3.Operations):
             budget -= size
             self.counters.pushed += 1
             self.counters.bytes_pushed += size
-        while len(self._pushed) > PUSHED_KEPT:  # never opened: the kernel must not keep them unchecked
-            inode = self._pushed.popitem(last=False)[0]
-            self._unchecked.add(inode)  # (now: the drop below runs later)
-            trio.lowlevel.spawn_system_task(self._drop_pushed, inode)
 
-    async def _drop_pushed(self, inode: int) -> None:
-        try:
-            await self._drop_cached(inode)
-        finally:
-            self._unchecked.discard(inode)
+    def _queue_drops(self, inodes: list[int]) -> None:
+        """Inodes the kernel table let go of: their pages and attributes are invalidated in the
+        kernel by a worker thread (`_drop_queued`; a page invalidation waits for the page lock
+        a pending read may hold, which this loop answers meanwhile)."""
+        self._drops.extend(inodes)
+        if self._dropper is not None:
+            task, self._dropper = self._dropper, None
+            trio.lowlevel.reschedule(task)
+        elif not self._dropper_started:
+            self._dropper_started = True
+            trio.lowlevel.spawn_system_task(self._drop_queued)
 
-    async def _forget_cached(self, inode: int) -> None:
-        """The kernel holds the size and pages of an old version of this file: drop them before
-        the open returns. (From a worker thread: the notification is a blocking write to
-        /dev/fuse, and the event loop must stay free to answer whatever the kernel does
-        meanwhile.) Never awaited inside a read of the same inode: dropping its pages waits for
-        the page lock that read holds (see `_reread`)."""
-        self.counters.changed += 1
-        await self._drop_cached(inode)
+    async def _drop_queued(self) -> None:
+        def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
+            self._dropper = None
+            return trio.lowlevel.Abort.SUCCEEDED
 
-    async def _drop_cached(self, inode: int) -> None:
-        try:
-            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, False)
-        except OSError as e:
-            log.debug("cannot invalidate inode %d: %s", inode, e)
+        def drop(inodes: list[int]) -> None:
+            for ino in inodes:
+                try:
+                    pyfuse3.invalidate_inode(ino, False)
+                except OSError:  # (the kernel no longer has it: nothing to drop)
+                    pass
+
+        while True:
+            while self._drops:
+                batch = [self._drops.popleft() for _ in range(min(len(self._drops), 1024))]
+                try:
+                    await trio.to_thread.run_sync(drop, batch)
+                except Exception:  # noqa: BLE001 - a system task must not die (it would end the mount)
+                    log.exception("invalidating inodes failed")
+                self.kernel.dropped(batch)
+            self._dropper = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(abort)
 
     async def read(self, fh, off, size):
         """Hot path: no decorator frame. The bytes may be a view of the store's scratch buffer
-        (no copy in Python): pyfuse3 replies with them before anything else runs."""
-        handle = self._open.get(fh)
-        if handle is None:
+        (no copy in Python): pyfuse3 replies with them before anything else runs. A handle
+        whose version can no longer be read answers EIO (never another version's bytes)."""
+        opened = self._open.get(fh)
+        if opened is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         try:
-            data = await handle.node.read_for_reply(off, size)
-        except ShardChanged as e:
-            data = await self._reread(handle, off, size, e)
+            data = await opened.handle.read_for_reply(off, size)
         except Exception as e:  # noqa: BLE001 - the daemon must outlive any input
             raise pyfuse3.FUSEError(self._fail(e)) from None
-        handle.served = True
         self.counters.bytes_served += len(data)
         return data
 
-    async def _reread(self, handle: _Handle, off: int, size: int, e: ShardChanged) -> bytes:
-        """The shard changed under an open file (noticed by the read itself: a remote object
-        replaced, a local one rewritten in place). A handle that has served nothing yet may
-        switch to the new version when the file keeps its size (the kernel's idea of it);
-        otherwise the read is EIO, and the kernel's cached size and pages are dropped so the
-        next open sees the new file."""
-        node = handle.node
-        try:
-            size_before = node.known_size()
-            file, _ = await node.revalidate()
-            if file is not None and not handle.served and size_before is not None and file.known_size() == size_before:
-                return await file.read(off, size)
-        except Exception as again:  # noqa: BLE001
-            raise pyfuse3.FUSEError(self._fail(again)) from None
-        # after this read has answered: the invalidation waits for the page lock it holds
-        trio.lowlevel.spawn_system_task(self._forget_cached, node.ino)
-        raise pyfuse3.FUSEError(self._fail(e))
-
     async def release(self, fh):
-        handle = self._open.pop(fh, None)
-        if handle is not None:
-            ino = handle.node.ino
-            n = self._opened.pop(ino, 1) - 1
-            if n:
-                self._opened[ino] = n
+        opened = self._open.pop(fh, None)
+        if opened is not None:
+            opened.handle.release()
+            self.kernel.closed(opened.ino, opened.handle.token)
 
     # -- control files
 
-    def _open_control(self, inode: int) -> pyfuse3.FileInfo:
+    def _open_control(self, inode: int, ctx) -> pyfuse3.FileInfo:
+        if ctx.uid not in (0, self.owner):
+            raise pyfuse3.FUSEError(errno.EACCES)
         if inode == CONTROL_INOS[REFRESH_FILE]:
             self.refresh()
             content = {"refreshed": True}
         else:
             content = {**self.control.stats(), **{k: v for k, v in vars(self.counters).items()}}
         fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._open[fh] = _Handle(_Snapshot(inode, (json.dumps(content, indent=2) + "\n").encode()))
+        data = (json.dumps(content, indent=2) + "\n").encode()
+        self._open[fh] = _Open(inode, BytesHandle(data, None))
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
 
     def refresh(self) -> None:
@@ -469,6 +503,7 @@ class ZvfsOperations(pyfuse3.Operations):
         whole cached tree below them)."""
         self.control.refresh()
         self.tree.forget_listings()
+        self.kernel.clear()
         trio.lowlevel.spawn_system_task(self._invalidate_root)
 
     async def _invalidate_root(self) -> None:
@@ -503,19 +538,3 @@ class ZvfsOperations(pyfuse3.Operations):
 
     setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = write = create = _read_only
     setxattr = removexattr = _read_only
-
-
-class _Snapshot(File):
-    """What a control file said when it was opened."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, ino: int, data: bytes):
-        super().__init__(ino)
-        self.data = data
-
-    def known_size(self) -> int | None:
-        return len(self.data)
-
-    async def read(self, offset: int, size: int) -> bytes:
-        return self.data[offset:offset + size]

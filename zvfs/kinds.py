@@ -22,8 +22,9 @@ from .formats import precomputed, precomputed_array, zarr3, zvf
 from .formats.array import ArrayModel, Hierarchy
 from .formats.jsonfile import parse_json_object
 from .names import StoreKind, View
-from .storage import Store
+from .storage import Entry, Store
 from .storage.cache import CoalescingCache
+from .storage.gather import gather
 from .tree import Tree
 from .views.hierarchy import HierarchyView
 from .views.n5 import N5View
@@ -42,6 +43,9 @@ class Opened:
     listings: CoalescingCache  # store listings
     decoded: CoalescingCache  # decoded chunks, N5 blocks, ZVF objects
     n5_compression: str = "raw"
+    #: the store directories the views show as directories of their own (groups, arrays, their
+    #: chunk directories, precomputed scales), as the store lists them: their owner and bits
+    dirs: dict[str, Entry] = field(default_factory=dict)
     max_metadata: int | None = None  # largest metadata file, as parsed (None: the default)
 
 
@@ -59,6 +63,21 @@ class Shown:
 
 
 Probe = Callable[[str], Awaitable[bytes | None]]  # a root key's bytes (read once per open)
+
+
+async def dress(o: Opened, loaded: Loaded) -> None:
+    """Learn the owner and bits of every store directory a view shows as a directory of its
+    own (`Opened.dirs`): nothing is shown wider than the store (storage/access.py)."""
+    paths = {""}
+    for path, node in loaded.arrays.items():
+        paths.add(path)
+        if isinstance(node, ArrayModel) and node.chunk_dir:
+            paths.add(f"{path}/{node.chunk_dir}" if path else node.chunk_dir)
+    if isinstance(loaded.meta, precomputed.Dataset):
+        paths.update(loaded.meta.sharded)
+    paths = sorted(paths)
+    found = await gather(lambda p=p: o.store.info(p) for p in paths)
+    o.dirs = {p: e for p, e in zip(paths, found) if e is not None and e.is_dir}
 OwnView = Callable[[Opened, Loaded], Shown]
 
 
@@ -105,11 +124,11 @@ async def _load_zarr(o: Opened) -> Loaded:
 
 
 def _zarr_view(o: Opened, loaded: Loaded) -> Shown:
-    return Shown(Zarr3View(o.store, loaded.meta, o.cache, o.listings).tree, {})
+    return Shown(Zarr3View(o.store, loaded.meta, o.cache, o.listings, loaded.arrays, o.dirs).tree, {})
 
 
 def _zvf_view(o: Opened, loaded: Loaded) -> Shown:
-    view = Zarr3View(o.store, loaded.meta, o.cache, o.listings)
+    view = Zarr3View(o.store, loaded.meta, o.cache, o.listings, loaded.arrays, o.dirs)
     ZvfObjects(view, loaded.arrays, o.decoded)
     return Shown(view.tree, {})
 
@@ -128,7 +147,7 @@ async def _load_precomputed(o: Opened) -> Loaded:
 
 
 def _precomputed_view(o: Opened, loaded: Loaded) -> Shown:
-    return Shown(PrecomputedView(o.store, loaded.meta, o.cache, o.decoded, o.listings).tree, {})
+    return Shown(PrecomputedView(o.store, loaded.meta, o.cache, o.decoded, o.listings, o.dirs).tree, {})
 
 
 # --------------------------------------------------------------------------- the registry
@@ -164,5 +183,5 @@ def show(kind: Kind, view: View, o: Opened, loaded: Loaded, where: str) -> Shown
         raise MetadataError(f"{where} (--view {view})", f"nothing to show: {why} (available: {kind.default_view})")
     cls = ARRAY_VIEWS[view]
     extra = {"compression": o.n5_compression} if cls is N5View else {}
-    shown = cls(o.store, loaded.arrays, o.decoded, o.listings, **extra)
+    shown = cls(o.store, loaded.arrays, o.decoded, o.listings, dirs=o.dirs, **extra)
     return Shown(shown.tree, {**loaded.absent, **shown.absent})

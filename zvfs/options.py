@@ -50,8 +50,8 @@ OWN = {
     "region": ("region", "str", "s3://: the bucket's region"),
     "profile": ("profile", "str", "s3://: the credentials profile to use (~/.aws)"),
     "anon": ("anon", "flag", "s3:// and gs://: anonymous access (public buckets)"),
-    "uid": ("uid", "uid", "owner shown for every file (a user name or number; default: the daemon's user)"),
-    "gid": ("gid", "gid", "group shown for every file (a group name or number; default: the daemon's group)"),
+    "uid": ("uid", "uid", "owner shown for every file (a user name or number; default: the store's own, for remote stores the daemon's)"),
+    "gid": ("gid", "gid", "group shown for every file (a group name or number; default: the store's own, for remote stores the daemon's)"),
     "umask": ("umask", "octal", "permission bits to clear from 0555/0444 for every node, whatever the store's own bits "
                                  "(e.g. umask=022 shares a store closed to others; default: the store's bits, never widened)"),
     "allow_root": ("allow_root", "flag", "let root (only) see the mount besides its owner (adds default_permissions)"),

@@ -6,7 +6,6 @@ kernel on top. `open_source(src)` with default options is a plain library call.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,13 +13,13 @@ from .errors import MetadataError
 from .formats.array import Hierarchy
 from .formats.jsonfile import read_metadata
 from .fuse_ops import Control
-from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, show
+from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 from .options import MountOptions, resolve_caches, storage_options
 from .storage import Store
 from .storage.open import open_store
 from .storage.cache import CoalescingCache, decoded_size
 from .storage.local import LocalStore
-from .tree import Tree
+from .tree import Stamp, Tree
 
 
 @dataclass
@@ -41,10 +40,13 @@ class OpenSource:
         return KINDS[self.kind]
 
     @property
-    def root_mode(self) -> int | None:
-        """Permission bits of a local store's root directory (None for remote stores): no node
-        of the mount is shown with wider ones."""
-        return os.stat(self.store.root).st_mode & 0o777 if isinstance(self.store, LocalStore) else None
+    def root(self) -> Stamp:
+        """A local store root's bits as a reader sees them, and its owner (nothing for remote
+        stores): what nodes that have none of their own show."""
+        if not isinstance(self.store, LocalStore):
+            return Stamp()
+        mode, uid, gid = self.store.root_mode()
+        return Stamp(mode, None, uid, gid)
 
     @property
     def local(self) -> bool:
@@ -74,9 +76,12 @@ class OpenSource:
         return out
 
     def refresh(self) -> None:
-        """`zvfs refresh`: forget every derived cache; indexes and listings are read again."""
+        """`zvfs refresh`: forget every derived cache; indexes, listings and directory
+        permissions are read again."""
         for cache in self.caches().values():
             cache.clear()
+        if isinstance(self.store, LocalStore):
+            self.store.forget_directories()
 
     def control(self) -> Control:
         return Control(stats=self.stats, refresh=self.refresh)
@@ -100,6 +105,7 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
         if view not in kind.views:
             raise MetadataError(source, f"view '{view}' is not available for this store (available: {', '.join(kind.views)})")
         loaded = await kind.load(opened)
+        await dress(opened, loaded)
         shown = show(kind, view, opened, loaded, source)
         return OpenSource(store, kind.name, view, shown.tree, opened.cache, loaded.meta, loaded.arrays, shown.absent or None,
                           opened.decoded, opened.listings)

@@ -2,38 +2,61 @@
 
 Two kinds of inode numbers keep memory flat however many chunk files a store has:
 
-- *interned* nodes (groups, arrays, metadata files, pass-through entries) get a number on first
-  use and keep it for the life of the tree;
+- *interned* nodes (groups, arrays, metadata files) get a number on first use and keep it for
+  the life of the tree;
 - *computed* nodes (chunk directories and chunk files) live in a range of numbers reserved per
   array; a node's number is a function of its grid position, so nothing is stored per chunk
-  and the node is rebuilt from its number when the kernel asks for it again.
+  and the node is rebuilt from its number when the kernel asks for it again;
+- entries of directories shown as stored are numbered by their position in the sorted listing,
+  in a range reserved per distinct listing (`StoreDir`): a number never names another path,
+  and a number of a listing that changed since is `Stale` (the kernel looks the name up again).
 
-Views build their directories from these pieces; the FUSE adapter and the `ls`/`cat` commands
-walk the same tree.
+A node says what it shows (`stamp`: bits, time, owner; `token`: which bytes) and opens as a
+snapshot (`File.open` -> handles.Handle). Views build their directories from these pieces; the
+FUSE front and the `ls`/`cat` commands walk the same tree.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Hashable, Iterable
+from typing import Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
-from .errors import CorruptShardError
+from .errors import Gone, Stale
 from .formats.chunkref import ChunkRef
 from .formats.codecs import decode_step
-from .storage.base import Entry, Store, Version
+from .handles import BytesHandle, Handle, PassHandle, RangeHandle, read_ref
+from .storage.base import Entries, Entry, Store, Version
 from .storage.cache import CoalescingCache
 
 log = logging.getLogger("zvfs.tree")
 
 ROOT_INO = 1
 RECENT = 4096  # computed nodes kept after a lookup or listing
+
+
+class Stamp(NamedTuple):
+    """What a node shows besides its size: read (and search) bits a reader has, mtime, owner
+    and group; None for any of them means the mount's defaults."""
+
+    mode: int | None = None
+    mtime: float | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+NO_STAMP = Stamp()
+
+
+def stamp_of(what: Version | Entry | None) -> Stamp:
+    return NO_STAMP if what is None else Stamp(what.mode, what.mtime, what.uid, what.gid)
 
 
 class Node:
@@ -43,10 +66,8 @@ class Node:
     def __init__(self, ino: int):
         self.ino = ino
 
-    def stamp(self) -> tuple[int | None, float | None]:
-        """(permission bits, mtime) of what the node shows, where the store says; None for
-        either means the mount's defaults (read-only bits, the mount time)."""
-        return None, None
+    def stamp(self) -> Stamp:
+        return NO_STAMP
 
 
 class File(Node):
@@ -57,11 +78,15 @@ class File(Node):
         #: set on chunk files: finds the chunk's bytes again (after its shard changed)
         self.relocate: Callable[[], Awaitable[ChunkRef | None]] | None = None
 
-    async def revalidate(self) -> tuple["File | None", bool]:
-        """Called when the file is opened: (the file, whether its bytes changed since the
-        kernel last saw it), or (None, _) if it is gone. Files of immutable data are as they
-        were."""
-        return self, False
+    def token(self) -> Hashable:
+        """Which bytes the file holds as far as this node knows (equal tokens, equal bytes);
+        None when that cannot be told."""
+        return None
+
+    async def open(self) -> Handle:
+        """A snapshot of the file as it is now (the contract: an open sees the version current
+        at the open); `Gone` if it is no longer stored."""
+        raise NotImplementedError
 
     async def size(self) -> int:
         raise NotImplementedError
@@ -71,25 +96,11 @@ class File(Node):
         listing a directory never decodes its files)."""
         return None
 
-    async def read(self, offset: int, size: int) -> bytes:
-        raise NotImplementedError
-
-    async def read_for_reply(self, offset: int, size: int) -> bytes | memoryview:
-        """`read`, for a caller done with the result before it next awaits (the FUSE reply):
-        it may be a view of a store's buffer (`Store.read_now`)."""
-        return await self.read(offset, size)
-
     def bytes_at_hand(self) -> bytes | memoryview | None:
-        """All of the file's bytes as stored now, if they can be had without waiting (to hand
-        them to the kernel's cache before the file is opened), else None; may be a view of a
-        store's buffer, as `read_for_reply`. Not checked against a version: whoever uses them
-        checks `holds_bytes_of` before they are read (the FUSE front, at the open)."""
+        """All of the file's bytes as `token` names them, if they can be had without waiting
+        (to hand them to the kernel's cache before the file is opened), else None; may be a
+        view of a store's buffer (`Store.read_now`)."""
         return None
-
-    def holds_bytes_of(self, earlier: "File") -> bool:
-        """Whether this file still holds the bytes `earlier.bytes_at_hand()` gave, as far as
-        can be told without waiting; False when it cannot tell."""
-        return False
 
 
 @dataclass(slots=True)
@@ -98,33 +109,45 @@ class Rows:
     (Building a node per entry made listings cost 12-15 µs per entry against 2.5 µs for a bare
     pyfuse3 listing; chunk directories compute their rows from the chunk tables instead.)
 
-    `sizes[i]` None: not known without I/O or decoding (the kernel asks getattr later)."""
+    `sizes[i]` None: not known without I/O or decoding (the kernel asks getattr later).
+    `stamps[i]`: a Stamp; `tokens[i]`: the file's `token` (None for directories)."""
 
     names: list[str]
     inos: list[int]
     is_dir: list[bool]
     sizes: list[int | None]
-    modes: list[int | None]
-    mtimes: list[float | None]
+    stamps: list[Stamp]
+    tokens: list[Hashable]
+
+    @classmethod
+    def empty(cls) -> "Rows":
+        return cls([], [], [], [], [], [])
 
     @classmethod
     def of(cls, entries: list[tuple[str, "Node"]]) -> "Rows":
-        rows = cls([], [], [], [], [], [])
+        rows = cls.empty()
         for name, node in entries:
-            mode, mtime = node.stamp()
-            rows.add(name, node.ino, node.is_dir, 0 if node.is_dir else node.known_size(), mode, mtime)  # type: ignore[attr-defined]
+            if node.is_dir:
+                rows.add(name, node.ino, True, 0, node.stamp(), None)
+            else:
+                rows.add(name, node.ino, False, node.known_size(), node.stamp(), node.token())  # type: ignore[attr-defined]
         return rows
 
-    def add(self, name: str, ino: int, is_dir: bool, size: int | None, mode: int | None, mtime: float | None) -> None:
+    def add(self, name: str, ino: int, is_dir: bool, size: int | None, stamp: Stamp, token: Hashable) -> None:
         self.names.append(name)
         self.inos.append(ino)
         self.is_dir.append(is_dir)
         self.sizes.append(size)
-        self.modes.append(mode)
-        self.mtimes.append(mtime)
+        self.stamps.append(stamp)
+        self.tokens.append(token)
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def window(self, start: int, stop: int) -> tuple[list, list, list, list, list, list]:
+        """Rows [start, stop) as lists: names, inos, is_dir, sizes, stamps, tokens."""
+        return (self.names[start:stop], self.inos[start:stop], self.is_dir[start:stop], self.sizes[start:stop],
+                self.stamps[start:stop], self.tokens[start:stop])
 
 
 class Dir(Node):
@@ -146,9 +169,9 @@ class Dir(Node):
 
 
 class BytesFile(File):
-    """A small file held in memory (rewritten metadata); `source` is the version of the file
-    it was rewritten from (its mode and mtime are shown: rsync and make see no change across
-    remounts)."""
+    """A small file held in memory (rewritten metadata, read at mount time: it never changes);
+    `source` is the version of the file it was rewritten from (its mode and mtime are shown:
+    rsync and make see no change across remounts)."""
 
     __slots__ = ("data", "source")
 
@@ -157,17 +180,20 @@ class BytesFile(File):
         self.data = data
         self.source = source
 
-    def stamp(self) -> tuple[int | None, float | None]:
-        return (None, None) if self.source is None else (self.source.mode, self.source.mtime)
+    def stamp(self) -> Stamp:
+        return stamp_of(self.source)
+
+    def token(self) -> Hashable:
+        return "bytes"
+
+    async def open(self) -> Handle:
+        return BytesHandle(self.data, "bytes")
 
     async def size(self) -> int:
         return len(self.data)
 
     def known_size(self) -> int | None:
         return len(self.data)
-
-    async def read(self, offset: int, size: int) -> bytes:
-        return self.data[offset : offset + size]
 
 
 class RangeFile(File):
@@ -177,7 +203,7 @@ class RangeFile(File):
     holds; they are kept in `decoded` (a bounded cache shared by the view) so that the exact
     size and the reads that follow cost one fetch and one decode."""
 
-    __slots__ = ("store", "ref", "decoded", "fresh")
+    __slots__ = ("store", "ref", "decoded")
 
     def __init__(self, ino: int, store: Store, ref: ChunkRef, decoded: CoalescingCache | None = None):
         self.ino = ino  # (File.__init__'s two assignments without its two calls: one per open)
@@ -185,35 +211,53 @@ class RangeFile(File):
         self.store = store
         self.ref = ref
         self.decoded = decoded
-        #: the ref was located just now (the node was built for this request): the first
-        #: revalidation is free. Reads still expect the ref's version, so a shard that changes
-        #: in between costs a re-read or EIO, never other bytes.
-        self.fresh = True
 
-    def stamp(self) -> tuple[int | None, float | None]:
-        v = self.ref.version
-        return (None, None) if v is None else (v.mode, v.mtime)
+    def stamp(self) -> Stamp:
+        return stamp_of(self.ref.version)
 
-    async def revalidate(self) -> tuple[File | None, bool]:
-        if self.relocate is None or self.fresh:
-            self.fresh = False
-            return self, False
-        ref = await self.relocate()
+    def token(self) -> Hashable:
+        return self.ref.version
+
+    async def open(self) -> Handle:
+        """Pin the shard as it is now (one stat locally); the ref stands if the shard is still
+        at the version it was located in, and that version was settled (or the ref carries its
+        evidence); otherwise the chunk is located anew."""
+        ref = self.ref
+        pin = await self.store.pin(ref.key)
+        if pin is not None and (ref.version is None and ref.offset == 0 and pin.version is not None and ref.length == pin.version.size
+                                or ref.version is not None and (pin.version is None or ref.version.same(pin.version))
+                                and (ref.version.settled or ref.evidence is not None)):
+            return self.handle(pin, ref)
+        if pin is not None:
+            pin.release()
+        return await self.reopen()
+
+    async def reopen(self) -> Handle:
+        """The chunk located anew, and opened."""
+        ref = await self.relocate() if self.relocate is not None else None
         if ref is None:
-            return None, True
-        changed = ref != self.ref
+            raise Gone(self.ref.key)
         self.ref = ref
-        return self, changed
+        return await self.open_located(ref)
+
+    async def open_located(self, ref: ChunkRef) -> Handle:
+        pin = await self.store.pin(ref.key, ref.version)
+        if pin is None:
+            raise Gone(ref.key)
+        return self.handle(pin, ref)
+
+    def handle(self, pin, ref: ChunkRef) -> Handle:
+        return RangeHandle(pin, ref, self.decoded, None if ref.decode is not None else ref.length)
 
     async def _decode(self) -> bytes:
         ref = self.ref
         assert ref.decode is not None and self.decoded is not None
 
         async def load() -> bytes:
-            raw = await self.store.read(ref.key, ref.offset, ref.length, expect=ref.version)
-            _check_length(ref, raw)
-            return await decode_step(ref.decode, raw)  # type: ignore[arg-type]
+            return await decode_step(ref.decode, await read_ref(self.store, ref))  # type: ignore[arg-type]
 
+        if ref.evidence is not None:
+            return await load()
         tag = None if ref.version is None else ref.version.tag
         return await self.decoded.get((ref.key, tag, ref.offset), load)
 
@@ -225,94 +269,49 @@ class RangeFile(File):
     def known_size(self) -> int | None:
         return self.ref.length if self.ref.decode is None else None
 
-    async def read_for_reply(self, offset: int, size: int) -> bytes | memoryview:
-        ref = self.ref
-        n = min(size, ref.length - offset)
-        if ref.decode is None and n > 0:
-            data = self.store.read_now(ref.key, ref.offset + offset, n, ref.version)
-            if data is not None:
-                return data
-        return await self.read(offset, size)
-
     def bytes_at_hand(self) -> bytes | memoryview | None:
         ref = self.ref
-        if ref.decode is not None or not ref.length:
+        if ref.decode is not None or not ref.length or ref.version is None or not ref.version.settled:
             return None
-        return self.store.read_now(ref.key, ref.offset, ref.length)
-
-    def holds_bytes_of(self, earlier: File) -> bool:
-        ref = self.ref
-        return (isinstance(earlier, RangeFile) and earlier.ref == ref and ref.version is not None
-                and self.store.still_at(ref.key, ref.version))
-
-    async def read(self, offset: int, size: int) -> bytes:
-        ref = self.ref
-        if ref.decode is not None:
-            return (await self._decode())[offset : offset + size]
-        size = max(0, min(size, ref.length - offset))
-        if size == 0:
-            return b""
-        data = await self.store.read(ref.key, ref.offset + offset, size, extent=ref.offset + ref.length, expect=ref.version)
-        _check_length(ref, data, size)
-        return data
-
-
-def _check_length(ref: ChunkRef, data: bytes | None, expected: int | None = None) -> None:
-    """A chunk's bytes must be exactly as long as its index entry says: anything shorter is a
-    truncated shard (EIO for its files, one log line), never short data."""
-    expected = ref.length if expected is None else expected
-    if data is None or len(data) != expected:
-        got = "nothing" if data is None else f"{len(data)} bytes"
-        err = CorruptShardError(ref.key, f"truncated: expected {expected} bytes at offset {ref.offset}, got {got}")
-        log.warning("%s", err)
-        raise err
+        return self.store.read_now(ref.key, ref.offset, ref.length, ref.version)
 
 
 class PassFile(File):
-    """A store key shown as it is. At open it takes the key's current version (a replaced or
-    rewritten file shows its new size) and reads expect that version."""
+    """A store key shown as it is. An open pins the key's current version (a replaced or
+    rewritten file shows its new size) and reads come from that version."""
 
-    __slots__ = ("store", "key", "_size", "version", "entry")
+    __slots__ = ("store", "key", "entry")
 
     def __init__(self, ino: int, store: Store, key: str, entry: Entry | None):
         super().__init__(ino)
         self.store = store
         self.key = key
         self.entry = entry
-        self._size = None if entry is None else entry.size
-        self.version: Version | None = None
 
-    def stamp(self) -> tuple[int | None, float | None]:
-        if self.version is not None:
-            return self.version.mode, self.version.mtime
-        return (None, None) if self.entry is None else (self.entry.mode, self.entry.mtime)
+    def stamp(self) -> Stamp:
+        return stamp_of(self.entry)
 
-    async def revalidate(self) -> tuple[File | None, bool]:
-        now = await self.store.current(self.key)
-        if now is None:
-            if self.version is None:  # nothing known yet (remote): as listed
-                return self, False
-            return None, True
-        changed = self.version is not None and not now.same(self.version) or now.size != self._size
-        self.version, self._size = now, now.size
-        return self, changed
+    def token(self) -> Hashable:
+        return None if self.entry is None else self.entry.token
+
+    async def open(self) -> Handle:
+        pin = await self.store.pin(self.key)
+        if pin is None:
+            raise Gone(self.key)
+        handle = PassHandle(pin)
+        v = pin.version
+        if v is not None:  # what the next stat shows
+            self.entry = Entry(self.key.rpartition("/")[2], False, v.size, v.mode, v.mtime, v.uid, v.gid, handle.token)  # type: ignore[arg-type]
+        return handle
 
     async def size(self) -> int:
-        if self._size is None:  # the listing did not say (HTTP): ask once
-            self._size = await self.store.size(self.key) or 0
-        return self._size
+        if self.entry is None or self.entry.size is None:  # the listing did not say (HTTP): ask once
+            size = await self.store.size(self.key) or 0
+            self.entry = Entry(self.key.rpartition("/")[2], False, size)
+        return self.entry.size  # type: ignore[return-value]
 
     def known_size(self) -> int | None:
-        return self._size
-
-    async def read(self, offset: int, size: int) -> bytes:
-        size = max(0, min(size, await self.size() - offset))
-        if not size:
-            return b""
-        data = await self.store.read(self.key, offset, size, expect=self.version)
-        if data is None or len(data) != size:
-            raise CorruptShardError(self.key, f"expected {size} bytes at offset {offset}, got {0 if data is None else len(data)}")
-        return data
+        return None if self.entry is None else self.entry.size
 
 
 class ListedDir(Dir):
@@ -344,6 +343,7 @@ class ListedDir(Dir):
         return self._by_name.get(name)
 
 
+
 class _Listing:
     """One listing's files in `ListedFiles`, and how they are being opened: `last` is the row
     opened last, `ahead` the first row not yet handed out by `following`."""
@@ -361,8 +361,8 @@ class _Listing:
 class ListedFiles:
     """The files of recent listings, by inode number: the kernel opens listed files by number
     right after (`find | xargs cat`, `cp -r` list every directory before the first open), and a
-    file a listing just read from its shard index needs no second index lookup (reads still
-    expect the version the listing saw).
+    file a listing just read from its shard index needs no second index lookup (its open still
+    checks that the shard is at the version the listing saw).
 
     One entry per listing (its sorted inode numbers and a function that builds the file of
     one of them), found by bisection on the entries' first numbers; a dense listing is then
@@ -467,51 +467,121 @@ class InodeRange:
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """One store directory's entries, compact: names plus a few numbers each (about 100 bytes
+    """One store directory's entries, compact: names plus a few numbers each (about 150 bytes
     per entry; a node per entry kept ~640 bytes each, for good, for a listing of 400,000
-    files). Kept in a bounded cache, so listings count against the memory budget."""
+    files). Kept in a bounded cache, so listings count against the memory budget. `digest`
+    tells one set of names (and kinds) from another: entries are numbered by position, so a
+    listing with another digest gets numbers of its own."""
 
     names: list[str]  # sorted
     is_dir: np.ndarray  # bool
     sizes: np.ndarray  # int64, -1: unknown
     modes: np.ndarray  # int32, -1: unknown
     mtimes: np.ndarray  # float64, NaN: unknown
+    owners: np.ndarray  # int64 (n, 2): uid, gid; -1: unknown
+    tokens: np.ndarray  # void (n, TOKEN): a file's version token (base.version_token), zeros: unknown
+    digest: bytes
+
+    TOKEN = Entries.TOKEN
 
     @classmethod
-    def of(cls, entries: list[Entry]) -> "Listing":
-        entries = sorted(entries, key=lambda e: e.name)
-        return cls([e.name for e in entries],
-                   np.array([e.is_dir for e in entries], dtype=bool),
-                   np.array([-1 if e.size is None else e.size for e in entries], dtype=np.int64),
-                   np.array([-1 if e.mode is None else e.mode for e in entries], dtype=np.int32),
-                   np.array([np.nan if e.mtime is None else e.mtime for e in entries], dtype=np.float64))
+    def of(cls, entries: "list[Entry] | Entries") -> "Listing":
+        if not isinstance(entries, Entries):
+            columns = Entries()
+            for e in entries:
+                columns.add(e.name, e.is_dir, e.size, e.mode, e.mtime, e.uid, e.gid, e.token if isinstance(e.token, bytes) else None)
+            entries = columns
+        # sorted by code point, as Python sorts str (numpy: no Python int per entry, whose memory
+        # stays fragmented after a listing of 10^5 files)
+        order = np.argsort(np.array(entries.names), kind="stable") if entries.names else np.zeros(0, np.int64)
+        names = np.array(entries.names, dtype=object)[order].tolist()
+        is_dir = np.frombuffer(entries.is_dir, dtype=np.int8)[order].astype(bool)
+        digest = hashlib.blake2b(digest_size=16)
+        for name, d in zip(names, is_dir.tolist()):
+            digest.update(name.encode("utf-8", "surrogateescape") + (b"/\0" if d else b"\0"))
+        return cls(names, is_dir,
+                   np.frombuffer(entries.sizes, dtype=np.int64)[order],
+                   np.frombuffer(entries.modes, dtype=np.int64)[order].astype(np.int32),
+                   np.frombuffer(entries.mtimes, dtype=np.float64)[order],
+                   np.stack([np.frombuffer(entries.uids, dtype=np.int64), np.frombuffer(entries.gids, dtype=np.int64)], axis=1)[order],
+                   np.frombuffer(bytes(entries.tokens), dtype=f"V{cls.TOKEN}")[order],
+                   digest.digest())
 
     @property
     def nbytes(self) -> int:
-        return sum(len(n) + 57 for n in self.names) + 21 * len(self.names)
+        return sum(len(n) + 57 for n in self.names) + (37 + self.TOKEN) * len(self.names)
 
     def find(self, name: str) -> int | None:
         i = bisect.bisect_left(self.names, name)
         return i if i < len(self.names) and self.names[i] == name else None
 
+    def token(self, i: int) -> bytes | None:
+        token = self.tokens[i].tobytes()
+        return None if not any(token) else token
+
+    def stamp(self, i: int) -> Stamp:
+        mode, mtime = int(self.modes[i]), float(self.mtimes[i])
+        uid, gid = self.owners[i].tolist()
+        return Stamp(None if mode < 0 else mode, None if math.isnan(mtime) else mtime, None if uid < 0 else uid,
+                     None if gid < 0 else gid)
+
     def entry(self, i: int) -> Entry:
-        size, mode, mtime = int(self.sizes[i]), int(self.modes[i]), float(self.mtimes[i])
-        return Entry(self.names[i], bool(self.is_dir[i]), None if size < 0 else size,
-                     None if mode < 0 else mode, None if math.isnan(mtime) else mtime)
+        size = int(self.sizes[i])
+        stamp = self.stamp(i)
+        return Entry(self.names[i], bool(self.is_dir[i]), None if size < 0 else size, stamp.mode, stamp.mtime,
+                     stamp.uid, stamp.gid, self.token(i))
 
 
-class StoreDir(InodeRange):
+class ListingRows(Rows):
+    """The rows of a store directory's listing, made a window at a time when the kernel asks
+    (a directory of 200,000 files would otherwise hold a dozen Python objects per entry for as
+    long as it is open: 118 MiB, measured)."""
+
+    def __init__(self, listing: Listing, start: int):
+        self.listing = listing
+        self.start = start
+        self.names = listing.names
+
+    def window(self, start: int, stop: int) -> tuple[list, list, list, list, list, list]:
+        li = self.listing
+        stop = min(stop, len(li.names))
+        is_dir = li.is_dir[start:stop].tolist()
+        sizes = [None if size < 0 else size for size in li.sizes[start:stop].tolist()]
+        stamps = [li.stamp(i) for i in range(start, stop)]
+        tokens = [None if d else li.token(i) for d, i in zip(is_dir, range(start, stop))]
+        return (li.names[start:stop], list(range(self.start + start, self.start + stop)), is_dir, sizes, stamps, tokens)
+
+
+class _Numbering(InodeRange):
+    """The inode numbers of one listing of a store directory (one per distinct `digest`)."""
+
+    def __init__(self, store_dir: "StoreDir", digest: bytes, count: int):
+        self.store_dir = store_dir
+        self.digest = digest
+        self.count = count
+        self.start = store_dir.tree.reserve(self)
+
+    async def node_at(self, offset: int) -> Node | None:
+        listing = await self.store_dir.listing()
+        if self.store_dir.numbering is not self:
+            raise Stale(f"{self.store_dir.prefix or '/'}: listed again since")
+        if listing is None or offset >= len(listing.names):
+            return None
+        return self.store_dir.child(listing, offset)
+
+
+class StoreDir:
     """The entries of one store directory shown as stored. The listing is read once per cache
     life, and a child's inode number is its position in the sorted listing, in a range of
-    numbers reserved for this directory on its first listing: nothing is kept per entry, and
-    a listing evicted from the cache and read again numbers its children the same way."""
+    numbers reserved for that listing (its digest) on its first use: nothing is kept per entry,
+    a listing evicted from the cache and read again numbers its children the same way, and a
+    listing that changed gets new numbers (the kernel's names for the old ones are `Stale`)."""
 
     def __init__(self, tree: "Tree", store: Store, prefix: str):
         self.tree = tree
         self.store = store
         self.prefix = prefix
-        self.start = 0
-        self.count = 0
+        self.numbering: _Numbering | None = None
 
     async def listing(self) -> Listing | None:
         async def load() -> Listing | None:
@@ -519,19 +589,16 @@ class StoreDir(InodeRange):
             return None if entries is None else Listing.of(entries)
 
         found = await self.tree.listings.get(("listing", id(self.store), self.prefix), load)
-        if found is not None and len(found.names) != self.count:  # first listing, or the store changed
-            self.count = len(found.names)
-            self.start = self.tree.reserve(self)
+        if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
+            self.numbering = _Numbering(self, found.digest, len(found.names))
         return found
+
+    @property
+    def start(self) -> int:
+        return self.numbering.start  # type: ignore[union-attr]
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
-
-    async def node_at(self, offset: int) -> Node | None:
-        listing = await self.listing()
-        if listing is None or offset >= len(listing.names):
-            return None
-        return self.child(listing, offset)
 
     def child(self, listing: Listing, i: int) -> Node:
         entry = listing.entry(i)
@@ -551,13 +618,7 @@ class StoreDir(InodeRange):
 
     async def rows(self) -> Rows:
         listing = await self.listing()
-        if listing is None:
-            return Rows([], [], [], [], [], [])
-        n = len(listing.names)
-        return Rows(list(listing.names), list(range(self.start, self.start + n)), listing.is_dir.tolist(),
-                    [None if s < 0 else s for s in listing.sizes.tolist()],
-                    [None if m < 0 else m for m in listing.modes.tolist()],
-                    [None if t != t else t for t in listing.mtimes.tolist()])
+        return Rows.empty() if listing is None else ListingRows(listing, self.start)
 
 
 class PassDir(Dir):
@@ -570,8 +631,8 @@ class PassDir(Dir):
         self.dir = store_dir
         self.entry = entry
 
-    def stamp(self) -> tuple[int | None, float | None]:
-        return (None, None) if self.entry is None else (self.entry.mode, self.entry.mtime)
+    def stamp(self) -> Stamp:
+        return stamp_of(self.entry)
 
     async def lookup(self, name: str) -> Node | None:
         return await self.dir.lookup(name)
@@ -595,8 +656,8 @@ class Tree:
         self._next = ROOT_INO
         self._range_starts: list[int] = []
         self._ranges: list[InodeRange] = []
-        #: computed nodes the kernel just looked up or listed: it asks for them by number right
-        #: after (getattr, open), so they are kept here instead of being rebuilt
+        #: computed nodes the kernel just looked up, listed or opened: it asks for them by
+        #: number right after (getattr, open), so they are kept here instead of being rebuilt
         self._recent: OrderedDict[int, Node] = OrderedDict()
         #: chunk files of recent listings (views add them), opened by number right after
         self.listed = ListedFiles()
@@ -642,6 +703,7 @@ class Tree:
                 forget()
 
     def remember(self, node: Node) -> None:
+        """A computed node the kernel will ask for by number soon (the newest one wins)."""
         if node.ino in self._nodes:
             return
         self._recent[node.ino] = node
@@ -679,4 +741,3 @@ class Tree:
 def grid_block_sizes(grid: tuple[int, ...]) -> list[int]:
     """Number of grid prefixes of each length 0..ndim (1, g0, g0*g1, ...)."""
     return [math.prod(grid[:d]) for d in range(len(grid) + 1)]
-

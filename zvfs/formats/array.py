@@ -63,6 +63,7 @@ class ArrayModel:
     attributes: dict = field(default_factory=dict)  # user attributes (resolution, offset, OME)
     cropped_edges: bool = False
     separator: str = "/"  # chunk key separator the store uses ("/" or ".")
+    chunk_dir: str = ""  # the store directory below the array's that holds its chunk keys ("c"), if any
     version: Version | None = None  # of the metadata file it came from (mtime and mode of views' metadata)
     warning: str | None = None  # why a view cannot show it chunk by chunk (shown as stored, or absent)
 

@@ -19,7 +19,10 @@ class ChunkRef:
     `decode` is None for pass-through chunks (the common case: the bytes of the inner chunk are
     exactly the bytes of the unsharded chunk file, and the file size is `length`).
     `version` is the version of `key` the range was taken from (from its shard index): reads
-    expect it, so a range is never read from a rewritten shard.
+    expect it, so a range is never read from a rewritten shard. `evidence`, for a version that
+    was not settled when its index was read (`Version.settled`): the index bytes that located
+    the chunk, as `storage.base.proof`s, which a read checks again after the data
+    (`Pin.verify`) before serving it.
     """
 
     key: str
@@ -27,3 +30,4 @@ class ChunkRef:
     length: int
     decode: Callable[[bytes], bytes] | None = field(default=None, compare=False)  # a new closure per lookup
     version: Version | None = None
+    evidence: tuple | None = field(default=None, compare=False)

@@ -25,12 +25,13 @@ from typing import Any
 import mmh3
 import numpy as np
 
-from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError
-from ..storage.base import Store, Version
+from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, first_time
+from ..storage.base import Store, Version, proof
 from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .array import distinct
 from .chunkref import ChunkRef
+from .codecs import decode_step
 from .jsonfile import parse_json_object, read_metadata
 
 log = logging.getLogger("zvfs.precomputed")
@@ -45,6 +46,8 @@ MAX_DECODED = 32 << 20
 #: shard numbers probed (concurrently, under the store's request limit) when a directory cannot
 #: be listed (HTTP without index pages); past this many the listing is empty, with one log line
 MAX_PROBED_SHARDS = 1 << 16
+#: bytes of a lazy shard index read at once when it is listed
+LAZY_SLICE = 4 << 20
 
 
 def gunzip(data: bytes, what: str, key: str, limit: int = MAX_DECODED) -> bytes:
@@ -147,11 +150,15 @@ class ShardingSpec:
 
 @dataclass(frozen=True, slots=True)
 class Minishard:
-    """Decoded minishard index: chunk ids sorted, absolute byte offsets in the shard, sizes."""
+    """Decoded minishard index: chunk ids sorted, absolute byte offsets in the shard, sizes;
+    the version of the shard it was read from, and, for a version not settled, the proofs of
+    the index bytes that located its chunks (`ChunkRef.evidence`)."""
 
     ids: np.ndarray
     starts: np.ndarray
     sizes: np.ndarray
+    version: Version | None = None
+    proofs: tuple = ()
 
     @property
     def nbytes(self) -> int:
@@ -171,6 +178,11 @@ class ShardedKV:
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
+    def lazy(self) -> bool:
+        """A shard index (16 bytes per minishard) larger than a quarter of the index cache is
+        never loaded whole: a lookup reads its minishard's entry, a listing streams it."""
+        return self.spec.shard_index_nbytes > max(self.cache.max_bytes // 4, 4096)
+
     async def _shard_index(self, shard: int, max_age: float | None = None) -> "_ShardIndex | None":
         """(data key, data offset shift, index array, version) of a shard; None if it does not
         exist. With `max_age`: first check that the shard did not change since its index was
@@ -188,46 +200,74 @@ class ShardedKV:
         name = self.spec.shard_name(shard)
         n = self.spec.shard_index_nbytes
         key, shift = self._key(f"{name}.shard"), 0
-        raw, version = await self.store.read_version(key, 0, n)
+        lazy = self.lazy()
+        raw, version = await self.store.read_version(key, 0, 16 if lazy else n)
         if raw is None:
+            if lazy:  # (the obsolete pair predates indexes this large)
+                return None
             raw = await self.store.read(self._key(f"{name}.index"))
             if raw is None:
                 return None
             key, shift, version = self._key(f"{name}.data"), -n, None
+        limit = 2**62 if version is None else version.size - (n if not shift else 0)
+        if lazy:
+            if version is not None and version.size < n:
+                err = CorruptShardError(key, f"shard of {version.size} bytes is smaller than its index ({n} bytes)")
+                err.version = version  # type: ignore[attr-defined]
+                log.warning("%s", err)
+                raise err
+            return _ShardIndex(key, shift, None, version, limit)
         if len(raw) != n:
             err = CorruptShardError(key, f"shard index is {len(raw)} bytes, expected {n}")
+            err.version = version  # type: ignore[attr-defined]
             log.warning("%s", err)
             raise err
         index = np.frombuffer(raw, dtype="<u8").reshape(-1, 2).astype(np.uint64)
-        limit = 2**62 if version is None else version.size - (n if not shift else 0)
-        if np.any(index[:, 1] < index[:, 0]) or np.any(index[:, 1] > np.uint64(max(0, limit))):
+        if _bad_ranges(index, limit):
             err = CorruptShardError(key, "shard index has inverted minishard ranges or ranges past the shard's end")
+            err.version = version  # type: ignore[attr-defined]
             log.warning("%s", err)
             raise err
-        return _ShardIndex(key, shift, index, version)
+        return _ShardIndex(key, shift, index, version, limit)
+
+    async def _range(self, si: "_ShardIndex", minishard: int) -> tuple[int, int, bytes | None]:
+        """(start, end) of a minishard's index in the shard's data, and the entry's stored bytes
+        when they had to be read (a lazy shard index)."""
+        if si.index is not None:
+            start, end = si.index[minishard].tolist()
+            return start, end, None
+        raw = await self.store.read(si.key, 16 * minishard, 16, expect=si.version)
+        entry = np.frombuffer(raw or b"", dtype="<u8").reshape(-1, 2).astype(np.uint64)
+        if len(entry) != 1 or _bad_ranges(entry, si.limit):
+            raise CorruptShardError(si.key, f"shard index entry {minishard} is truncated or points past the shard's end")
+        start, end = entry[0].tolist()
+        return start, end, raw
 
     async def _minishard(self, shard: int, minishard: int, fresh: bool = False) -> tuple["_ShardIndex", Minishard] | None:
         si = await self._shard_index(shard, 0.0 if fresh else None)
         if si is None:
             return None
-        start, end = (int(v) for v in si.index[minishard])
+        start, end, raw = await self._range(si, minishard)
         if start == end:
             return si, _EMPTY_MINISHARD
         tag = None if si.version is None else si.version.tag
-        m = await self.cache.get(("ngmini", self.prefix, shard, tag, minishard), lambda: self._load_minishard(si, shard, start, end))
+        m = await self.cache.get(("ngmini", self.prefix, shard, tag, minishard),
+                                 lambda: self._load_minishard(si, shard, minishard, start, end, raw))
         return si, m
 
-    async def _load_minishard(self, si: "_ShardIndex", shard: int, start: int, end: int) -> Minishard:
+    async def _load_minishard(self, si: "_ShardIndex", shard: int, minishard: int, start: int, end: int,
+                              entry: bytes | None) -> Minishard:
         base = self.spec.shard_index_nbytes
         offset = base + start + si.shift
         try:
-            raw = await self.store.read(si.key, offset, end - start, expect=si.version)
+            stored = await self.store.read(si.key, offset, end - start, expect=si.version)
         except ShardChanged:
             self.cache.drop(("ngshard", self.prefix, shard))
             raise
         try:
-            if raw is None or len(raw) != end - start:
+            if stored is None or len(stored) != end - start:
                 raise CorruptShardError(si.key, f"minishard index at {offset} is truncated")
+            raw = stored
             if self.spec.minishard_index_encoding == "gzip":
                 raw = gunzip(raw, "minishard index", si.key, limit=MAX_DECODED)
             if len(raw) % 24:
@@ -242,6 +282,7 @@ class ShardedKV:
             if len(starts) and (np.any(starts > np.uint64(2**62)) or np.any(sizes > np.uint64(2**62))):
                 raise CorruptShardError(si.key, "minishard index points far past any plausible shard end")
         except CorruptShardError as e:
+            e.version = si.version  # type: ignore[attr-defined]
             log.warning("%s", e)
             raise
         if si.shift and len(starts) and np.any(starts < np.uint64(-si.shift)):
@@ -249,7 +290,11 @@ class ShardedKV:
             log.warning("%s", err)
             raise err
         order = np.argsort(ids, kind="stable")
-        return Minishard(ids[order], starts[order] - np.uint64(-si.shift), sizes[order])
+        proofs = ()
+        if si.version is not None and not si.version.settled:
+            entry = entry if entry is not None else np.array([start, end], dtype="<u8").tobytes()
+            proofs = (proof(16 * minishard, entry), proof(offset, stored))
+        return Minishard(ids[order], starts[order] - np.uint64(-si.shift), sizes[order], si.version, proofs)
 
     async def locate(self, chunk_id: int, fresh: bool = True) -> ChunkRef | None:
         """Byte range of a chunk as stored (still encoded), or None if absent. `fresh`: the
@@ -263,14 +308,14 @@ class ShardedKV:
         i = int(np.searchsorted(m.ids, np.uint64(chunk_id)))
         if i >= len(m.ids) or int(m.ids[i]) != chunk_id:
             return None
-        return ChunkRef(si.key, int(m.starts[i]), int(m.sizes[i]), version=si.version)
+        return ChunkRef(si.key, int(m.starts[i]), int(m.sizes[i]), version=si.version, evidence=m.proofs or None)
 
     async def get_ref(self, chunk_id: int) -> ChunkRef | None:
         """Like `locate`, with the data encoding's decode step attached."""
         ref = await self.locate(chunk_id)
         if ref is None or self.spec.data_encoding == "raw":
             return ref
-        return ChunkRef(ref.key, ref.offset, ref.length, decode=_gunzip_chunk(ref.key, self.max_decoded), version=ref.version)
+        return ChunkRef(ref.key, ref.offset, ref.length, _gunzip_chunk(ref.key, self.max_decoded), ref.version, ref.evidence)
 
     async def shards(self) -> list[int]:
         """Shard numbers that exist, from one listing of the directory when the store can list,
@@ -293,11 +338,26 @@ class ShardedKV:
 
     async def current_index(self, shard: int) -> "_ShardIndex | None":
         """The shard's index, checked against its current version (within the last
-        `LISTING_MAX_AGE`: listings use it); None for a missing or corrupt shard."""
+        `LISTING_MAX_AGE`: listings use it); None for a missing or corrupt shard, or one that
+        cannot be read (a FIFO, a device, a symlink leading outside: logged once)."""
         try:
             return await self._shard_index(shard, LISTING_MAX_AGE)
         except CorruptShardError:
             return None
+        except StorageError as e:
+            if first_time(str(e)):
+                log.warning("%s", e)
+            return None
+
+    async def _used_minishards(self, si: "_ShardIndex") -> np.ndarray:
+        """The minishards of a shard that hold chunks (a lazy index is streamed in slices)."""
+        if si.index is not None:
+            return np.flatnonzero(si.index[:, 0] != si.index[:, 1])
+        n, out = self.spec.shard_index_nbytes, []
+        for off in range(0, n, LAZY_SLICE):
+            raw = await self.store.read(si.key, off, min(LAZY_SLICE, n - off), expect=si.version)
+            out.append(await decode_step(_used, raw or b"") + off // 16)  # (a worker thread: others go on)
+        return np.concatenate(out)
 
     async def shard_entries(self, shard: int) -> "tuple[_ShardIndex, Minishard] | None":
         """Every chunk stored in one shard (ids, absolute starts, sizes, in minishard order) and
@@ -307,7 +367,7 @@ class ShardedKV:
         if si is None:
             return None
         parts = []
-        for minishard in np.flatnonzero(si.index[:, 0] != si.index[:, 1]):
+        for minishard in await self._used_minishards(si):
             try:
                 found = await self._minishard(shard, int(minishard))
             except CorruptShardError:
@@ -330,14 +390,29 @@ class ShardedKV:
 
 @dataclass(frozen=True, slots=True)
 class _ShardIndex:
+    """A shard's index (None when too large to hold: `ShardedKV.lazy`), where its data lives
+    (`key`, `shift`), its version, and the end its minishard ranges must stay within."""
+
     key: str
     shift: int
-    index: np.ndarray
+    index: np.ndarray | None
     version: Version | None = None
+    limit: int = 2**62
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes
+        return 64 if self.index is None else self.index.nbytes
+
+
+def _used(raw: bytes) -> np.ndarray:
+    """The minishards that hold chunks in a slice of a shard index."""
+    part = np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
+    return np.flatnonzero(part[:, 0] != part[:, 1])
+
+
+def _bad_ranges(index: np.ndarray, limit: int) -> bool:
+    """Minishard ranges (start, end) that are inverted or end past `limit`."""
+    return bool(np.any(index[:, 1] < index[:, 0]) or np.any(index[:, 1] > np.uint64(max(0, limit))))
 
 
 _EMPTY_MINISHARD = Minishard(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))

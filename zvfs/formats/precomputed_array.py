@@ -220,7 +220,7 @@ class VolumeChunks:
             ref = await self.kv.locate(morton_encode(cell, self.bits))
             if ref is None:
                 return None
-            return self.ref(cell, ref.key, ref.offset, ref.length, self.shard_gzip, ref.version)  # type: ignore[arg-type]
+            return self.ref(cell, ref.key, ref.offset, ref.length, self.shard_gzip, ref.version, ref.evidence)  # type: ignore[arg-type]
         name = f"{self.scale.key}/{self.scale.chunk_name(cell)}"
         for key, gz in ((name, False), (name + ".gz", True)):
             size = await self.store.size(key)
@@ -228,18 +228,19 @@ class VolumeChunks:
                 return self.ref(cell, key, 0, size, gz, None)  # type: ignore[arg-type]
         return None
 
-    def ref(self, cell: tuple[int, int, int], key: str, offset: int, length: int, gz: bool, version: Version | None) -> ChunkRef:
+    def ref(self, cell: tuple[int, int, int], key: str, offset: int, length: int, gz: bool, version: Version | None,
+            evidence: tuple | None = None) -> ChunkRef:
         """Where chunk `cell` is, with the step that turns its stored bytes into the raw chunk
         cropped to the volume (None when they already are)."""
         extent = self.extent(cell)
         expected = math.prod(extent) * self.channels * self.dtype.itemsize
         if self.encoding == "raw" and not gz:
             if length == expected:
-                return ChunkRef(key, offset, length, version=version)
+                return ChunkRef(key, offset, length, version=version, evidence=evidence)
             return _failing(key, offset, version, f"raw chunk {list(cell)} is {length} bytes, expected {expected}")
         if length > self.limit:
             return _failing(key, offset, version, f"chunk {list(cell)} of {length} bytes is larger than any encoding of its shape")
-        return ChunkRef(key, offset, length, decode=self._decoder(key, extent, expected, gz), version=version)
+        return ChunkRef(key, offset, length, self._decoder(key, extent, expected, gz), version, evidence)
 
     def _decoder(self, key: str, extent: tuple[int, int, int], expected: int, gz: bool) -> Callable[[bytes], bytes]:
         limit = expected if self.encoding == "raw" else self.limit

@@ -23,13 +23,15 @@ from typing import Any, Iterator
 
 import crc32c
 import numpy as np
+import trio
 
-from ..errors import CorruptShardError, MetadataError, ShardChanged
-from ..storage.base import Store, Version
+from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, first_time
+from ..storage.base import Store, Version, proof
 from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
 from .array import ArrayModel, GroupModel, Hierarchy
 from .chunkref import ChunkRef
+from .codecs import decode_step
 from .jsonfile import parse_json_object, read_metadata
 
 log = logging.getLogger("zvfs.zarr3")
@@ -318,11 +320,12 @@ class ShardIndex:
     Entries pointing outside their container are marked bad (offset `_BAD`): their chunk is
     EIO while the rest of the shard stays readable. `version` is the version of the shard
     object the index was read from (top level only): every byte range taken from the index
-    is read expecting it.
+    is read expecting it. `at` is where the index lies in the shard (for `ChunkRef.evidence`).
     """
 
     entries: np.ndarray
     version: Version | None = None
+    at: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -332,13 +335,32 @@ class ShardIndex:
         return _stored(self.entries)
 
 
+@dataclass(frozen=True, slots=True)
+class LazyIndex:
+    """A shard index too large for the index cache (`ShardedArray.lazy`): never held whole. Its
+    crc32c was checked once, streaming it in slices; a lookup reads its one entry, a listing
+    streams slices. Kept in the cache in place of the entries (a few numbers)."""
+
+    level: Level
+    at: int  # where the index lies in the shard
+    container: int | None  # the byte length its entries may point into
+    version: Version | None
+    nbytes = 64
+
+    def decode(self, raw: bytes) -> np.ndarray:
+        """Entries decoded from `raw` (a slice of the index), bounds checked."""
+        entries = np.frombuffer(raw, dtype=self.level.index_dtype).reshape(-1, 2).astype(np.uint64)
+        return _bounded(entries, self.level, self.container)[0]
+
+
 def _stored(entries: np.ndarray) -> np.ndarray:
     """Rows of (offset, length) index entries that hold a chunk: neither empty nor bad (the two
     markers are the largest offsets)."""
     return np.flatnonzero(entries[:, 0] < _BAD)
 
 
-def decode_index(raw: bytes, level: Level, key: str, container: int | None, version: Version | None = None) -> ShardIndex:
+def decode_index(raw: bytes, level: Level, key: str, container: int | None, version: Version | None = None,
+                 at: int = 0) -> ShardIndex:
     """Check and decode one shard index. `container` is the byte length of the shard (or
     nested shard) when known, to reject entries that point past its end."""
     n = level.n
@@ -349,19 +371,32 @@ def decode_index(raw: bytes, level: Level, key: str, container: int | None, vers
         stored = int.from_bytes(raw[16 * n :], "little")
         if crc32c.crc32c(body) != stored:
             raise CorruptShardError(key, "shard index checksum (crc32c) mismatch")
-    entries = np.frombuffer(body, dtype=level.index_dtype).reshape(n, 2).astype(np.uint64)
+    entries, bad = _bounded(np.frombuffer(body, dtype=level.index_dtype).reshape(n, 2).astype(np.uint64), level, container)
+    if bad:
+        log.warning("corrupt shard %s: %d index entries point outside the shard", key, bad)
+    return ShardIndex(entries, version, at)
+
+
+def _bounded(entries: np.ndarray, level: Level, container: int | None) -> tuple[np.ndarray, int]:
+    """Entries with the empty marker normalised and those pointing outside the container marked
+    bad; and how many were bad."""
     off, nb = entries[:, 0], entries[:, 1]
     empty = (off == EMPTY) & (nb == EMPTY)
     at_start = level.index_location == "start"
     lo = np.uint64(level.index_nbytes if at_start else 0)
     hi = np.uint64(2**63 if container is None else max(0, container - (0 if at_start else level.index_nbytes)))
     bad = ~empty & ((off < lo) | (off > hi) | (nb > hi - np.minimum(off, hi)))
-    entries = entries.copy() if bad.any() else entries
-    if bad.any():
-        log.warning("corrupt shard %s: %d index entries point outside the shard", key, int(bad.sum()))
+    count = int(bad.sum())
+    if count:
+        entries = entries.copy()
         entries[bad, 0] = _BAD
     entries[empty, 0] = EMPTY
-    return ShardIndex(entries, version)
+    return entries, count
+
+
+def _entry_bytes(level: Level, off: int, nb: int) -> bytes:
+    """An index entry as stored (for `ChunkRef.evidence`)."""
+    return np.array([off, nb], dtype=level.index_dtype).tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,6 +447,8 @@ ENUMERATE_SHARDS = 4096
 #: tables of ten 10^5-chunk shards (4 MiB each) evicted each other from the index cache and
 #: every directory rebuilt them all: 81 ms per directory of 100 files
 TABLE_MAX_CHUNKS = 1 << 14
+#: bytes of a lazy index read at once when it is checked or listed
+LAZY_SLICE = 4 << 20
 
 
 class ShardedArray:
@@ -439,7 +476,7 @@ class ShardedArray:
         #: order of their coordinates, and need no sort (a third of a shard table's making)
         self._walks_in_c_order = len(self.plan.levels) == 1 and self.plan.levels[0].perm == tuple(range(self.ndim))
         #: listings slice the index instead of tabulating the shard (see `TABLE_MAX_CHUNKS`)
-        self._sliced_index = len(self.plan.levels) == 1 and self.plan.levels[0].n > TABLE_MAX_CHUNKS
+        self._sliced_index = len(self.plan.levels) == 1 and (self.plan.levels[0].n > TABLE_MAX_CHUNKS or self.lazy(self.plan.levels[0]))
 
     def shard_key(self, shard: tuple[int, ...]) -> str:
         key = self._keys.get(shard)
@@ -449,7 +486,13 @@ class ShardedArray:
             key = self._keys[shard] = self.node.store_key(self.node.encoding.key(shard))
         return key
 
-    async def head(self, key: str, max_age: float | None = None) -> ShardIndex | None:
+    def lazy(self, level: Level) -> bool:
+        """A level whose index is larger than a quarter of the index cache is never loaded
+        whole (`LazyIndex`): one index of 2**26 entries (1 GiB) took 3.3 GiB and 5-17 s per
+        lookup, again on every lookup, when it was."""
+        return level.index_nbytes > max(self.cache.max_bytes // 4, 4096)
+
+    async def head(self, key: str, max_age: float | None = None) -> ShardIndex | LazyIndex | None:
         """The top-level index of shard `key` (None if the shard object does not exist).
 
         With `max_age`, a cached index is first checked against the shard's current version
@@ -462,30 +505,58 @@ class ShardedArray:
                 return found
         return await self.cache.get(ck, lambda: self._load_head(key))
 
-    async def _load_head(self, key: str) -> ShardIndex | None:
+    async def _load_head(self, key: str) -> ShardIndex | LazyIndex | None:
         level = self.plan.levels[0]
         size = level.index_nbytes
-        start = 0 if level.index_location == "start" else -size
-        raw, version = await self.store.read_version(key, start, size if start == 0 else None)
+        at_start = level.index_location == "start"
+        lazy = self.lazy(level)
+        want = (0, 16) if lazy and at_start else (-4, None) if lazy else (0, size) if at_start else (-size, None)
+        raw, version = await self.store.read_version(key, *want)
         if raw is None:
             return None
         try:
-            return decode_index(raw, level, key, None if version is None else version.size, version)
+            total = None if version is None else version.size
+            at = 0 if at_start else (total or len(raw)) - size
+            if lazy:
+                return await self._lazy_index(key, level, at, total, 0, version)
+            return decode_index(raw, level, key, total, version, at)
         except CorruptShardError as e:
             e.version = version  # type: ignore[attr-defined]  # (a rewrite may repair it)
             log.warning("%s", e)
             raise
 
-    async def index(self, key: str, start: int, length: int | None, depth: int, head: ShardIndex | None = None) -> ShardIndex | None:
+    async def _lazy_index(self, key: str, level: Level, at: int, container: int | None, start: int,
+                          version: Version | None) -> LazyIndex:
+        """A `LazyIndex`, once its crc32c is checked by streaming the index in slices."""
+        if at < start or container is not None and at + level.index_nbytes > start + container:
+            raise CorruptShardError(key, f"shard of {container} bytes is smaller than its index ({level.index_nbytes} bytes)")
+        crc, body = 0, 16 * level.n
+        for off in range(0, body, LAZY_SLICE):
+            part = await self.store.read(key, at + off, min(LAZY_SLICE, body - off), expect=version)
+            if part is None or len(part) != min(LAZY_SLICE, body - off):
+                raise CorruptShardError(key, "shard index is truncated")
+            if level.index_crc:  # (in a worker thread: other requests go on meanwhile)
+                crc = await decode_step(crc32c.crc32c, part, crc)
+            else:
+                await trio.lowlevel.checkpoint()
+        if level.index_crc:
+            stored = await self.store.read(key, at + body, 4, expect=version)
+            if stored is None or int.from_bytes(stored, "little") != crc:
+                raise CorruptShardError(key, "shard index checksum (crc32c) mismatch")
+        return LazyIndex(level, at, container, version)
+
+    async def index(self, key: str, start: int, length: int | None, depth: int,
+                    head: ShardIndex | LazyIndex | None = None) -> ShardIndex | LazyIndex | None:
         """The index of the (nested) shard at `[start, start+length)` of `key`, read from the
         version of the shard that `head` (its top-level index) describes."""
         if depth == 0:
             return await self.head(key)
         version = head.version if head is not None else None
         tag = None if version is None else version.tag
-        return await self.cache.get((key, tag, start, depth), lambda: self._load_nested(key, start, length, depth, head))
+        return await self.cache.get((key, tag, start, depth), lambda: self._load_nested(key, start, length, depth, version))
 
-    async def _load_nested(self, key: str, start: int, length: int | None, depth: int, head: ShardIndex | None) -> ShardIndex:
+    async def _load_nested(self, key: str, start: int, length: int | None, depth: int,
+                           version: Version | None) -> ShardIndex | LazyIndex:
         level = self.plan.levels[depth]
         size = level.index_nbytes
         assert length is not None
@@ -493,17 +564,31 @@ class ShardedArray:
             raise CorruptShardError(key, f"nested shard of {length} bytes is smaller than its index")
         at = start if level.index_location == "start" else start + length - size
         try:
-            raw = await self.store.read(key, at, size, expect=None if head is None else head.version)
+            if self.lazy(level):
+                return await self._lazy_index(key, level, at, length, start, version)
+            raw = await self.store.read(key, at, size, expect=version)
         except ShardChanged:
             self.cache.drop(("head", key))
             raise
         if raw is None:
             raise CorruptShardError(key, "shard disappeared while reading a nested index")
         try:
-            return decode_index(raw, level, key, length)
+            return decode_index(raw, level, key, length, version, at)
         except CorruptShardError as e:
             log.warning("%s", e)
             raise
+
+    async def _entry(self, key: str, idx: ShardIndex | LazyIndex, lin: int) -> tuple[int, int, bytes | None]:
+        """(offset, nbytes) of entry `lin` of an index, and its stored bytes when they are
+        needed as evidence (an unsettled version) or had to be read (a lazy index)."""
+        if isinstance(idx, ShardIndex):
+            off, nb = idx.entries[lin].tolist()
+            return off, nb, None
+        raw = await self.store.read(key, idx.at + 16 * lin, 16, expect=idx.version)
+        if raw is None or len(raw) != 16:
+            raise CorruptShardError(key, "shard index is truncated")
+        off, nb = idx.decode(raw)[0].tolist()
+        return off, nb, raw
 
     def in_grid(self, coords: tuple[int, ...]) -> bool:
         return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.grid))
@@ -530,6 +615,7 @@ class ShardedArray:
         head = await self.head(key, max_age=0.0)
         if head is None:
             return None
+        proofs = None if head.version is None or head.version.settled else []
         start, length, idx = 0, None, head
         for depth, (span, perm, grid) in enumerate(self._steps):
             lin = 0
@@ -537,14 +623,17 @@ class ShardedArray:
                 lin = lin * g + rel[axis] // span[axis]
             if depth:
                 idx = await self.index(key, start, length, depth, head)
-            off, nb = idx.entries[lin].tolist()
+            off, nb, raw = await self._entry(key, idx, lin)
             if off == _EMPTY_INT:
                 return None
             if off == _BAD_INT:
                 raise CorruptShardError(key, f"index entry {lin} points outside the shard")
+            if proofs is not None:
+                proofs.append(proof(idx.at + 16 * lin, raw or _entry_bytes(idx.level if isinstance(idx, LazyIndex)
+                                                                          else self.plan.levels[depth], off, nb)))
             start, length = start + off, nb
             rel = [r % q for r, q in zip(rel, span)]
-        return ChunkRef(key, start, length, version=head.version)
+        return ChunkRef(key, start, length, version=head.version, evidence=None if proofs is None else tuple(proofs))
 
     async def chunks_in_shard(self, shard: tuple[int, ...], max_age: float | None = None) -> ChunkTable:
         """The non-empty innermost chunks of one shard inside the array bounds, with their
@@ -557,11 +646,17 @@ class ShardedArray:
             return _empty_table(self.ndim, key)
         return await self.cache.get(_chunks_key(key, head), lambda: self._chunks(key, shard, head))
 
-    async def _listed_head(self, key: str, max_age: float | None) -> ShardIndex | None:
-        """`head` for a listing: None for a missing or corrupt shard (logged when decoded)."""
+    async def _listed_head(self, key: str, max_age: float | None) -> ShardIndex | LazyIndex | None:
+        """`head` for a listing: None for a missing or corrupt shard (logged when decoded), or
+        one that cannot be read (a FIFO, a device, a symlink leading outside, no permission:
+        logged once): it costs its own files, never the listing."""
         try:
             return await self.head(key, max_age)
         except CorruptShardError:
+            return None
+        except StorageError as e:
+            if first_time(str(e)):
+                log.warning("%s", e)
             return None
 
     def _listed_table(self, key: str, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable | None:
@@ -575,7 +670,7 @@ class ShardedArray:
         if not isinstance(head, ShardIndex):
             return None
         if self._sliced_index:
-            return self._index_rows(key, shard, head, fixed)
+            return self._index_rows(key, shard, head, fixed) if isinstance(head, ShardIndex) else None
         table = self.cache.hit(_chunks_key(key, head), None)
         return table if isinstance(table, ChunkTable) else None
 
@@ -617,7 +712,37 @@ class ShardedArray:
             return await self.chunks_in_shard(shard, LISTING_MAX_AGE)
         key = self.shard_key(shard)
         head = await self._listed_head(key, LISTING_MAX_AGE)
-        return _empty_table(self.ndim, key) if head is None else self._index_rows(key, shard, head, fixed)
+        if head is None:
+            return _empty_table(self.ndim, key)
+        if isinstance(head, LazyIndex):
+            return await self._lazy_rows(key, shard, head, fixed)
+        return self._index_rows(key, shard, head, fixed)
+
+    async def _lazy_rows(self, key: str, shard: tuple[int, ...], head: LazyIndex, fixed: dict[int, int]) -> ChunkTable:
+        """`_index_rows` of a lazy index: its slices streamed, only the rows with the `fixed`
+        coordinates kept (memory stays that of one slice and of the directory)."""
+        level, parts = self.plan.levels[0], []
+        body = 16 * level.n
+        for off in range(0, body, LAZY_SLICE):
+            raw = await self.store.read(key, head.at + off, min(LAZY_SLICE, body - off), expect=head.version)
+            if raw is None or len(raw) != min(LAZY_SLICE, body - off):
+                break
+            flat = await decode_step(head.decode, raw)  # (in a worker thread: other requests go on meanwhile)
+            present = _stored(flat)
+            local = np.stack(np.unravel_index(present + off // 16, level.grid), axis=1) if self.ndim else \
+                np.zeros((len(present), 0), np.int64)
+            coords = np.empty_like(local)
+            coords[:, list(level.perm)] = local
+            coords += np.array(shard, dtype=np.int64) * np.array(level.grid, dtype=np.int64)[np.argsort(level.perm)]
+            keep = np.ones(len(coords), bool)
+            for a, value in fixed.items():
+                keep &= coords[:, a] == value
+            parts.append((coords[keep], flat[present[keep], 0], flat[present[keep], 1]))
+        if not parts:
+            return _empty_table(self.ndim, key)
+        coords, offsets, lengths = (np.concatenate(c) for c in zip(*parts))
+        coords, offsets, lengths = self._inside(shard, coords, offsets, lengths)
+        return ChunkTable(*_c_sorted(coords, offsets, lengths), key=key, version=head.version)
 
     def _index_rows(self, key: str, shard: tuple[int, ...], head: ShardIndex, fixed: dict[int, int]) -> ChunkTable:
         """The stored chunks of one shard with the `fixed` coordinates, straight from its
@@ -654,6 +779,11 @@ class ShardedArray:
         level = self.plan.levels[depth]
         idx = head if depth == 0 else await self.index(key, start, length, depth, head)
         if idx is None:
+            return []
+        if isinstance(idx, LazyIndex):  # (nested sharding with an index too large to hold)
+            message = f"{key}: a nested index of {level.index_nbytes} bytes is too large to list (chunks open by name)"
+            if first_time(message):
+                log.warning("%s", message)
             return []
         present = idx.present()
         if self.ndim:
@@ -818,7 +948,9 @@ def array_model(node: ArrayNode, store: Store, cache: CoalescingCache) -> ArrayM
         codecs=node.plan.codecs if node.plan else meta["codecs"], fill_value=meta.get("fill_value"),
         chunks=ShardedArray(node, store, cache) if node.plan else PlainArray(node, store),
         dimension_names=tuple(names) if isinstance(names, list) and names else None,
-        attributes=meta.get("attributes") or {}, separator=node.encoding.separator, version=node.version, warning=warning)
+        attributes=meta.get("attributes") or {}, separator=node.encoding.separator,
+        chunk_dir="c" if node.encoding.name == "default" and node.encoding.separator == "/" and node.shape else "",
+        version=node.version, warning=warning)
 
 
 def hierarchy_model(nodes: dict[str, ArrayNode | GroupNode], store: Store, cache: CoalescingCache) -> Hierarchy:

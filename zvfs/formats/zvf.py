@@ -21,8 +21,10 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from ..errors import CorruptShardError
+from ..storage.base import Version
 from ..storage.cache import CoalescingCache
 from .array import ArrayModel, GroupModel, Hierarchy
+from .chunkref import ChunkRef
 from .codecs import Chain, decode_step
 from .zarr3 import child_path
 
@@ -33,7 +35,7 @@ MANIFESTS = "object_index/manifests"
 OBJECT_IDS = "object_index/object_ids"
 
 #: reads the whole chunk of an array at grid `cell`; None if absent
-CellReader = Callable[[ArrayModel, tuple[int, ...]], Awaitable[bytes | None]]
+CellReader = Callable[[ChunkRef], Awaitable[bytes]]  # a located chunk's stored bytes
 
 
 def is_zvf_root(attributes: dict) -> bool:
@@ -82,37 +84,41 @@ def find_levels(nodes: Hierarchy) -> list[ZvfLevel]:
 
 @dataclass(frozen=True, slots=True)
 class DecodedCell:
-    """A decoded chunk kept in the decoded-data cache, with the bytes it holds."""
+    """A decoded chunk kept in the decoded-data cache, with the bytes it holds and the version
+    of the shard it came from."""
 
     values: np.ndarray
     nbytes: int
+    version: Version | None = None
 
 
 class ObjectReader:
     """Object ids, manifests and vertex rows of one level, read through `read_cell`.
 
-    Decoded cells (a manifests chunk holds 16384 objects) are kept in `cache`, so listing or
-    sizing many objects decodes each cell once."""
+    Decoded cells (a manifests chunk holds 16384 objects) are kept in `cache`, per version of
+    their shard, so listing or sizing many objects decodes each cell once, and a rewritten
+    shard is read again."""
 
     def __init__(self, level: ZvfLevel, nodes: Hierarchy, read_cell: CellReader, cache: CoalescingCache):
         self.level = level
         self.nodes = nodes
         self.read_cell = read_cell
         self.cache = cache
-        self._ids: np.ndarray | None = None
 
     def _node(self, name: str) -> ArrayModel:
         return self.nodes[child_path(self.level.path, name)]  # type: ignore[return-value]
 
     async def _cell(self, name: str, cell: tuple[int, ...]) -> np.ndarray | None:
         node = self._node(name)
-        found = await self.cache.get(("zvfcell", node.path, cell), lambda: self._decode_cell(node, cell))
-        return None if found is None else found.values
-
-    async def _decode_cell(self, node: ArrayModel, cell: tuple[int, ...]) -> DecodedCell | None:
-        raw = await self.read_cell(node, cell)
-        if raw is None:
+        ref = await node.chunks.locate(cell)
+        if ref is None:
             return None
+        tag = None if ref.version is None else ref.version.tag
+        found = await self.cache.get(("zvfcell", ref.key, tag, ref.offset), lambda: self._decode_cell(node, cell, ref))
+        return found.values
+
+    async def _decode_cell(self, node: ArrayModel, cell: tuple[int, ...], ref: ChunkRef) -> DecodedCell:
+        raw = await self.read_cell(ref)
         chain = Chain.parse(node.codecs, node.data_type, node.ndim)
         if chain is None:
             raise CorruptShardError(node.path, "codecs not supported for ZVF objects")
@@ -121,24 +127,21 @@ class ObjectReader:
         except (ValueError, RuntimeError, TypeError) as e:
             raise CorruptShardError(node.path, f"chunk {cell} does not decode ({e})") from None
         if values.dtype == object:
-            return DecodedCell(values, sum(len(v) for v in values) + 64 * len(values))
-        return DecodedCell(values, values.nbytes)
+            return DecodedCell(values, sum(len(v) for v in values) + 64 * len(values), ref.version)
+        return DecodedCell(values, values.nbytes, ref.version)
 
     async def ids(self) -> np.ndarray:
         """Object id of each manifest row (the row number itself without an id table)."""
-        if self._ids is None:
-            if not self.level.has_id_table:
-                self._ids = np.arange(self.level.num_rows, dtype=np.int64)
-            else:
-                node = self._node(OBJECT_IDS)
-                per = node.chunk_shape[0]
-                parts = []
-                for c in range(-(-self.level.num_rows // per)):
-                    cell = await self._cell(OBJECT_IDS, (c,))
-                    n = min(per, self.level.num_rows - c * per)
-                    parts.append(np.zeros(n, np.int64) if cell is None else cell[:n].astype(np.int64))
-                self._ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        return self._ids
+        if not self.level.has_id_table:
+            return np.arange(self.level.num_rows, dtype=np.int64)
+        node = self._node(OBJECT_IDS)
+        per = node.chunk_shape[0]
+        parts = []
+        for c in range(-(-self.level.num_rows // per)):
+            cell = await self._cell(OBJECT_IDS, (c,))
+            n = min(per, self.level.num_rows - c * per)
+            parts.append(np.zeros(n, np.int64) if cell is None else cell[:n].astype(np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     async def row_of(self, oid: int) -> int | None:
         ids = await self.ids()

@@ -7,6 +7,9 @@ many chunks of one shard costs one index read.
 
 Loaders may fail. `CorruptShardError` is a property of immutable bytes and is cached like a
 value (so a bad shard is reported once, not on every read); other errors are not cached.
+Neither is anything read from a version that is not settled (`Version.settled`: a local file
+changed too recently to prove that its tag will change with its next write): it serves the
+requests waiting for that load and is read again by the next one.
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ class CoalescingCache:
 
     def _put(self, key: Hashable, value: Any) -> None:
         size = 64 if isinstance(value, _Failed) else self._sizeof(value) + 64
-        if size > self.max_bytes and not self.keep_oversized:
+        if size > self.max_bytes and not self.keep_oversized or not _settled(value):
             return
         self.drop(key)
         self._entries[key] = (value, size)
@@ -159,6 +162,12 @@ class _Failed:
 
     def __init__(self, error: CorruptShardError):
         self.error = error
+
+
+def _settled(value: Any) -> bool:
+    """Whether a value (or a failure) was read from a settled version, or from no version."""
+    version = getattr(value.error if isinstance(value, _Failed) else value, "version", None)
+    return version is None or version.settled
 
 
 def _unwrap(value: Any) -> Any:

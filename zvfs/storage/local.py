@@ -51,11 +51,31 @@ stat, ~5% of the ~90 us pyfuse3 spends per open, the price of never freezing the
 thread read works on a `dup` of the descriptor, so closing an evicted descriptor can never
 make a pending read hit whatever reuses its number.
 
-Versions: `read(expect=V)` checks the file with one fstat *after* the read. A writer updates
-mtime/ctime before it copies data, so a file that still matches V after the read was not
-written during it. An atomic replace also moves the old file's ctime (it loses a link), so its
-still-open descriptor stops matching V too: the caller re-locates rather than reading old
-bytes, which is never wrong, only a re-read.
+Versions (docs/reliability.md, "the contract"): a version is the file's (dev, ino, size,
+mtime, ctime); reads check it with one fstat *after* the read. That proves the bytes came from
+that version only if every change of the file changes the tag, and no change was being copied
+while the version was looked at. Two things break it, both measured here: a write() updates the
+timestamps *before* it copies the data (so a version looked at during a copy is already the new
+tag, with old bytes), and on filesystems with coarse timestamps two writes in one tick leave
+the tag alone (git's "racy" index problem). Hence `SETTLE`: a version whose mtime or ctime is
+younger than that when it is looked at is *unsettled* (`Version.settled` False). An unsettled
+index is read behind a barrier (lseek SEEK_DATA takes the inode lock shared on ext4, xfs, btrfs
+and tmpfs, so it waits for a write being copied: measured, a 1 GiB write in progress held it
+182-243 ms, a pread none) and never kept; chunks located in it carry the index bytes that
+located them (`ChunkRef.evidence`), and `Pin.verify` re-reads those after the data, behind the
+barrier, before the bytes are served. Once settled, no later write can keep the tag (its time
+is at least SETTLE later), so reads need one fstat and nothing else. Linux 6.13+ gives every
+change after a stat a fine-grained timestamp on ext4, xfs, btrfs and tmpfs (multigrain
+timestamps: measured here, 0 of 2,000 write-after-stat pairs kept the mtime); the window is for
+the copy in progress and for other filesystems.
+
+An open file holds its version (`LocalPin`): the descriptor stays open while pinned, so a shard
+replaced by rename keeps serving its old bytes to the handles that opened it (the replaced
+file's ctime moves when it loses its last link: a pinned read accepts that change when the
+link count is 0 and size, mtime and identity are unchanged).
+
+Permission bits of versions and listing entries are the file's own read bits folded over the
+directories above it (storage/access.py): what a reader of the store can reach.
 """
 
 from __future__ import annotations
@@ -64,36 +84,35 @@ import ctypes
 import errno
 import logging
 import os
-import re
-import select
 import stat
+import struct
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import trio
 
 from ..errors import ShardChanged, StorageError
-from .base import Entry, Store, Version
+from .access import Dir, reach
+from .base import Entries, Entry, Pin, Store, Version, proof
+from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
 
 log = logging.getLogger("zvfs.storage.local")
 
-#: Filesystems whose syscalls are served from memory or a local block device: their metadata
-#: calls and page-cached reads may run on the trio thread. Anything else may stall for as long
-#: as a server or a FUSE daemon likes, so all its I/O goes to worker threads.
-LOCAL_FS_TYPES = frozenset({
-    "ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "jfs", "reiserfs", "zfs", "tmpfs",
-    "ramfs", "overlay", "squashfs", "erofs", "iso9660", "udf", "vfat", "exfat", "ntfs3",
-})
-#: Of those, the ones whose data lives in memory: a plain pread never waits for a device. They
-#: need it: tmpfs refuses RWF_NOWAIT (EOPNOTSUPP, checked here), which would otherwise send
-#: every read of a store in /dev/shm (or a tmpfs /tmp) to a worker thread. Measured: 4 KiB
-#: read 1.59 us before, 1.64 us now (3.75 us with expect=); 64 KiB 8.6 us, 8.8 us.
-MEMORY_FS_TYPES = frozenset({"tmpfs", "ramfs"})
 #: Worker threads per mount point: enough for parallel uncached disk reads, few enough that a
 #: hung mount cannot pile up threads without bound.
 THREADS_PER_MOUNT = 8
 #: read_version retries when the file changes under the read before giving up (EIO).
 STABLE_READ_ATTEMPTS = 3
+#: How old a file's last change (mtime or ctime) must be, when a version of it is looked at,
+#: for that version to be *settled* (module docstring). 2 s: coarser than any timestamp
+#: granularity of a local filesystem (FAT's 2 s; ext4 with 128-byte inodes and ext3: 1 s;
+#: jiffies elsewhere) and far longer than one write() of a shard takes here (a 1 GiB write:
+#: 0.21-0.29 s on ext4 and tmpfs). The cost of a longer window: a shard written less than this
+#: long ago is read through a worker thread (~0.1 ms more per read) and its index is not kept.
+SETTLE_NS = 2_000_000_000
+#: Directory stats and reach masks remembered (per directory, per owner of files below it).
+DIRS_KEPT = 1 << 16
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SLOW = object()  # "ask a worker thread"
@@ -130,13 +149,33 @@ def _state(st: os.stat_result) -> tuple:
     return st.st_size, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_pack = struct.Struct("<5q").pack  # (the bytes of base.version_token)
+
+
 def _matches(st: os.stat_result, v: Version) -> bool:
     return (v.size, v.tag) == _state(st)  # not Version.same(version_of(st)): 4x the cost
 
 
-def version_of(st: os.stat_result) -> Version:
+def _holds(st: os.stat_result, v: Version) -> bool:
+    """A pinned descriptor still holds version `v`: the same state, or the same file whose
+    last link is gone (replaced by rename, or deleted: that moves its ctime, nothing else)."""
+    return _matches(st, v) or (st.st_nlink == 0 and st.st_size == v.size
+                               and (st.st_dev, st.st_ino, st.st_mtime_ns) == v.tag[:3])
+
+
+def _settled(st: os.stat_result) -> bool:
+    """The file's last change is older than SETTLE (any filesystem)."""
+    return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= SETTLE_NS
+
+
+def version_of(st: os.stat_result, reach_bits: int = 0o777, settled: bool = False) -> Version:
     size, tag = _state(st)
-    return Version(size, tag, st.st_mtime, stat.S_IMODE(st.st_mode))
+    return Version(size, tag, st.st_mtime, stat.S_IMODE(st.st_mode) & reach_bits, st.st_uid, st.st_gid,
+                   settled or _settled(st))
+
+
+def _dir_of(st: os.stat_result) -> Dir:
+    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
 
 
 def _kind(mode: int) -> str:
@@ -155,19 +194,43 @@ def _span(size: int, start: int, length: int | None) -> tuple[int, int]:
     return start, max(0, size - start) if length is None else length
 
 
+def _barrier(fd: int) -> None:
+    """Wait until no write() of the file is being copied: lseek(SEEK_DATA) takes the inode lock
+    shared on ext4, xfs, btrfs and tmpfs (a write holds it exclusively while it copies). A
+    worker-thread call: it may wait as long as the write."""
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError:  # ENXIO: an empty file (or all hole); EINVAL: no SEEK_DATA here
+        pass
+
+
 def _read_blocking(fd: int, start: int, length: int | None, stable: bool) -> tuple[bytes, os.stat_result] | None:
     """A read in a worker thread, on a dup'ed descriptor that it closes. With `stable`, the
     bytes and the returned stat come from one unchanged state of the file (fstat before and
-    after agree), retried a few times; None if the file kept changing."""
+    after agree, no write being copied after the first: `_barrier`), retried a few times; None
+    if the file kept changing."""
     try:
         for _ in range(STABLE_READ_ATTEMPTS):
             before = os.fstat(fd)
+            if stable:
+                _barrier(fd)
             off, n = _span(before.st_size, start, length)
             data = os.pread(fd, n, off)
             after = os.fstat(fd)
             if not stable or _state(before) == _state(after):
                 return data, after
         return None
+    finally:
+        os.close(fd)
+
+
+def _verify_blocking(fd: int, evidence: tuple) -> tuple[bool, os.stat_result]:
+    """(whether the file still holds `evidence`, its stat afterwards), behind the barrier, on
+    a dup'ed descriptor that it closes (a worker thread)."""
+    try:
+        _barrier(fd)
+        same = all(proof(off, os.pread(fd, length, off)) == (off, length, digest) for off, length, digest in evidence)
+        return same, os.fstat(fd)
     finally:
         os.close(fd)
 
@@ -189,66 +252,6 @@ def _fstat_blocking(fd: int) -> os.stat_result:
         os.close(fd)
 
 
-class _MountTable:
-    """Which mount each path is on, from /proc/self/mountinfo; re-read only when the kernel
-    reports a change of the table (POLLPRI on the open file). A lookup costs one poll and,
-    per directory, one walk up its ancestors (remembered: ~1 us instead of ~7 us for a scan
-    of the table)."""
-
-    MEMO = 4096  # directories remembered
-
-    def __init__(self):
-        self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
-        self._poll = select.poll()
-        self._poll.register(self._fd, select.POLLPRI)
-        self._types: dict[str, str] = {}  # mount point -> filesystem type of the visible mount
-        self._memo: dict[str, tuple[str, str]] = {}
-        self._load()
-
-    def _load(self) -> None:
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        chunks = []
-        while chunk := os.read(self._fd, 1 << 16):
-            chunks.append(chunk)
-        types = {}
-        for line in b"".join(chunks).decode(errors="replace").splitlines():
-            fields, _, tail = line.partition(" - ")
-            parts = fields.split()
-            if len(parts) >= 5 and tail:  # later lines win: of stacked mounts the last is visible
-                types[re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])] = tail.split()[0]
-        self._types = types
-        self._memo = {}
-
-    def mount_of(self, path: str) -> tuple[str, str]:
-        """(mount point, filesystem type) of the deepest mount containing `path`, an absolute
-        path without symlinks, `.` or `..`."""
-        if self._poll.poll(0):
-            self._load()
-        fstype = self._types.get(path)
-        if fstype is not None:
-            return path, fstype
-        parent = path.rpartition("/")[0] or "/"
-        found = self._memo.get(parent)
-        if found is None:
-            point = parent
-            while point not in self._types and point != "/":
-                point = point.rpartition("/")[0] or "/"
-            found = (point, self._types.get(point, ""))
-            if len(self._memo) >= self.MEMO:
-                self._memo.clear()
-            self._memo[parent] = found
-        return found
-
-    def stalling_points(self) -> frozenset[str]:
-        """Mount points of filesystems not known to be local (their root may not answer)."""
-        if self._poll.poll(0):
-            self._load()
-        return frozenset(point for point, fstype in self._types.items() if fstype not in LOCAL_FS_TYPES)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
 @dataclass(slots=True)
 class _Open:
     """A cached descriptor of a key: the file it reached, and how its I/O may be done."""
@@ -259,7 +262,39 @@ class _Open:
     local: bool  # on a local filesystem: page-cached reads and fstat on the trio thread
     nowait: bool = True  # reads may be tried on the loop (cleared on EOPNOTSUPP of RWF_NOWAIT)
     memory: bool = False  # data in memory (tmpfs): plain pread on the loop
+    fine: bool = False  # a change after a stat gets a new timestamp (FINE_TIMESTAMPS)
     version: Version | None = None  # the last Version handed out for this file
+    pins: int = 0  # open files holding it (`LocalPin`): it is closed when the last lets go
+    dropped: bool = False  # no longer the key's cached descriptor
+
+
+class LocalPin(Pin):
+    """One version of a local file, held open: reads come from the descriptor that version was
+    read through (a replaced file keeps serving its old bytes) and must still find it."""
+
+    __slots__ = ("_store", "_open")
+
+    def __init__(self, store: "LocalStore", key: str, o: _Open, version: Version):
+        super().__init__(key, version)
+        self._store = store
+        self._open = o
+        o.pins += 1
+
+    async def read(self, start: int, length: int, extent: int | None = None) -> bytes:
+        return await self._store._read_pinned(self._open, self.key, start, length, self.version)
+
+    def read_now(self, start: int, length: int) -> bytes | memoryview | None:
+        return self._store._read_pinned_now(self._open, self.key, start, length, self.version)
+
+    async def verify(self, evidence: tuple) -> Version | None:
+        return await self._store._verify(self._open, self.key, evidence, self.version)
+
+    def release(self) -> None:
+        o, self._open = self._open, None
+        if o is not None:
+            o.pins -= 1
+            if o.dropped and not o.pins:
+                _close(o.fd, o.local)
 
 
 class LocalStore(Store):
@@ -271,11 +306,16 @@ class LocalStore(Store):
         self.follow_symlinks = follow_symlinks
         self._fds: OrderedDict[str, _Open] = OrderedDict()
         self._max_open = max_open_files
-        self._mounts = _MountTable()
+        self._mounts = MountTable()
         self._limiters: dict[str, trio.CapacityLimiter] = {}
         self._warned: set[str] = set()
         self._cached_opens = True  # openat2(RESOLVE_CACHED) works on this kernel
         self._scratch = memoryview(bytearray(1 << 20))  # RWF_NOWAIT target of reads up to 1 MiB
+        #: the directories above the store root, and the root (a reader must search them all)
+        parts = self.real_root.strip("/").split("/") if self.real_root != "/" else []
+        self._above = tuple(_dir_of(os.stat("/" + "/".join(parts[:i]))) for i in range(len(parts)))
+        self._dirs: dict[str, Dir] = {"": _dir_of(os.stat(self.real_root))}  # store directory -> its stat
+        self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
 
     # -- paths, limits, descriptors ------------------------------------------------------
 
@@ -397,27 +437,19 @@ class LocalStore(Store):
         if key in self._fds:  # another task opened it meanwhile: keep one descriptor
             _close(fd, local)
             return self._fds[key], None
-        o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local, memory=fstype in MEMORY_FS_TYPES)
+        o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local, memory=fstype in MEMORY_FS_TYPES,
+                                   fine=fstype in FINE_TIMESTAMPS)
         if len(self._fds) > self._max_open:
-            old = self._fds.popitem(last=False)[1]
-            _close(old.fd, old.local)
+            self._drop(*next(iter(self._fds.items())))
         return o, st
 
-    def _version(self, key: str, st: os.stat_result) -> Version:
-        """The Version of `st`, reusing the one last made for `key` while the file is
-        unchanged (building a frozen dataclass costs more than the stat)."""
-        o = self._fds.get(key)
-        if o is not None and o.version is not None and _matches(st, o.version):
-            return o.version
-        v = version_of(st)
-        if o is not None and (st.st_dev, st.st_ino) == o.ident:
-            o.version = v
-        return v
-
     def _drop(self, key: str, o: _Open) -> None:
+        """`o` stops being the key's descriptor; it is closed once no open file pins it."""
         if self._fds.get(key) is o:
             del self._fds[key]
-            _close(o.fd, o.local)
+            o.dropped = True
+            if not o.pins:
+                _close(o.fd, o.local)
 
     async def _stat(self, key: str, o: _Open) -> os.stat_result | None:
         """A fresh stat of the path of `key` (whose descriptor is `o`); None if there is none.
@@ -436,6 +468,57 @@ class LocalStore(Store):
 
     async def _fstat(self, o: _Open) -> os.stat_result:
         return os.fstat(o.fd) if o.local else await self._in_thread(o.mount, _fstat_blocking, os.dup(o.fd))
+
+    # -- versions and who may read them ----------------------------------------------------
+
+    async def _version(self, key: str, st: os.stat_result, barred: bool = False) -> Version:
+        """The Version of `st`, reusing the one last made for `key` while the file is
+        unchanged and settled (building a frozen dataclass costs more than the stat). `barred`:
+        `st` was taken behind the barrier, no write in progress, which settles the version at
+        once where the filesystem's timestamps are fine (`_Open.fine`)."""
+        o = self._fds.get(key)
+        if o is not None and o.version is not None and o.version.settled and _matches(st, o.version):
+            return o.version
+        fine = barred and o is not None and o.fine and (st.st_dev, st.st_ino) == o.ident
+        v = version_of(st, await self._reach(key.rpartition("/")[0], st.st_uid, st.st_gid), fine)
+        if o is not None and (st.st_dev, st.st_ino) == o.ident:
+            o.version = v
+        return v
+
+    async def _reach(self, prefix: str, uid: int, gid: int) -> int:
+        """`access.reach` of the directories from / down to store directory `prefix`, for a
+        file owned by uid:gid (remembered per directory and owner)."""
+        found = self._reaches.get((prefix, uid, gid))
+        if found is None:
+            found = reach(self._above + await self._dirs_to(prefix), uid, gid)
+            if len(self._reaches) >= DIRS_KEPT:
+                self._reaches.clear()
+            self._reaches[(prefix, uid, gid)] = found
+        return found
+
+    async def _dirs_to(self, prefix: str) -> tuple[Dir, ...]:
+        """The stats of the store directories from the root down to `prefix` (remembered; the
+        ones not known yet are taken in a worker thread)."""
+        parts = prefix.split("/") if prefix else []
+        names = ["/".join(parts[:i]) for i in range(len(parts) + 1)]
+        missing = [n for n in names if n not in self._dirs]
+        if missing:
+            stats = await self._in_thread(self._lexical_mount(prefix), _stat_dirs, [self._path(n) for n in missing])
+            if len(self._dirs) >= DIRS_KEPT:
+                self._dirs = {"": self._dirs[""]}
+            self._dirs.update(zip(missing, stats))
+        return tuple(self._dirs.get(n, (0, 0, 0)) for n in names)
+
+    def forget_directories(self) -> None:
+        """`zvfs refresh`: directory permissions are read again."""
+        self._dirs = {"": _dir_of(os.stat(self.real_root))}
+        self._reaches.clear()
+
+    def root_mode(self) -> tuple[int, int, int]:
+        """(mode, uid, gid) of the store root as a reader sees it: its read and search bits,
+        less the readers that a directory above it stops."""
+        uid, gid, mode = self._dirs[""]
+        return mode & reach(self._above, uid, gid), uid, gid
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -470,21 +553,27 @@ class LocalStore(Store):
     async def _read(self, key: str, start: int, length: int | None, stable: bool,
                     after: bool) -> tuple[bytes | None, os.stat_result | None]:
         """Bytes of `key` and, with `after`, a stat taken after the read (with `stable`, the
-        stat of the one state the bytes came from)."""
+        stat of the one state the bytes came from: a file changed less than SETTLE ago is
+        read in a worker thread, behind the barrier)."""
         o, _ = await self._get(key)
         if o is None:
             return None, None
+        return await self._read_open(o, key, start, length, stable, after)
+
+    async def _read_open(self, o: _Open, key: str, start: int, length: int | None, stable: bool,
+                         after: bool) -> tuple[bytes | None, os.stat_result | None]:
         try:
             if o.local and o.nowait:
                 before = os.fstat(o.fd) if stable or start < 0 or length is None else None
-                off, n = (start, length) if before is None else _span(before.st_size, start, length)
-                view = self._pread_cached(o, off, n) if n else b""
-                data = None if view is None else bytes(view)
-                if data is not None:
-                    st = os.fstat(o.fd) if after or len(data) < n else None
-                    complete = len(data) == n or off + len(data) >= st.st_size
-                    if complete and (not stable or _state(before) == _state(st)):
-                        return data, st
+                if not stable or _settled(before):
+                    off, n = (start, length) if before is None else _span(before.st_size, start, length)
+                    view = self._pread_cached(o, off, n) if n else b""
+                    data = None if view is None else bytes(view)
+                    if data is not None:
+                        st = os.fstat(o.fd) if after or len(data) < n else None
+                        complete = len(data) == n or off + len(data) >= st.st_size
+                        if complete and (not stable or _state(before) == _state(st)):
+                            return data, st
             got = await self._in_thread(o.mount, _read_blocking, os.dup(o.fd), start, length, stable)
         except OSError as e:
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
@@ -509,15 +598,6 @@ class LocalStore(Store):
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
         raise ShardChanged(key)
 
-    def still_at(self, key: str, version: Version) -> bool:
-        o = self._fds.get(key)
-        if o is None or not o.local:
-            return False
-        try:
-            return _matches(os.fstat(o.fd), version)
-        except OSError:
-            return False
-
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
                    expect: Version | None = None) -> bytes | None:
         now = self.read_now(key, start, length, expect)  # type: ignore[arg-type]  # (None length: not now)
@@ -532,8 +612,70 @@ class LocalStore(Store):
         return data
 
     async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
-        data, st = await self._read(key, start, length, True, True)
-        return data, None if st is None else self._version(key, st)
+        """Read from the file the path names now (an index is read for the version current at
+        this moment: a descriptor cached from before a replace would give the old file's)."""
+        o = self._fds.get(key)
+        if o is not None:
+            st = await self._stat(key, o)
+            if st is None or (st.st_dev, st.st_ino) != o.ident:
+                self._drop(key, o)
+        o, _ = await self._get(key)
+        if o is None:
+            return None, None
+        data, st = await self._read_open(o, key, start, length, True, True)
+        return data, None if st is None else await self._version(key, st, barred=not _settled(st))
+
+    # -- pinned versions (open files) -----------------------------------------------------------
+
+    async def pin(self, key: str, known: Version | None = None) -> LocalPin | None:
+        """The key's file as it is now, held open. With `known` (a version this request has
+        just read the key at), the cached descriptor of that file is taken without a stat."""
+        o = self._fds.get(key)
+        if known is not None and o is not None and o.ident == known.tag[:2]:
+            return LocalPin(self, key, o, known)
+        version = await self.current(key)
+        o = self._fds.get(key)
+        if version is None or o is None or o.ident != version.tag[:2]:  # gone, or replaced meanwhile
+            return None if version is None else await self.pin(key)
+        return LocalPin(self, key, o, version)
+
+    def _read_pinned_now(self, o: _Open, key: str, start: int, length: int, v: Version) -> bytes | memoryview | None:
+        if not (o.local and o.nowait) or not length:
+            return None
+        try:
+            data = self._pread_cached(o, start, length)
+            if data is None or len(data) != length:
+                return None
+            st = os.fstat(o.fd)
+        except OSError as e:
+            raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        if not _holds(st, v):
+            raise ShardChanged(key)
+        return data
+
+    async def _read_pinned(self, o: _Open, key: str, start: int, length: int, v: Version) -> bytes:
+        now = self._read_pinned_now(o, key, start, length, v)
+        if now is not None:
+            return bytes(now)
+        try:
+            data, st = await self._in_thread(o.mount, _read_blocking, os.dup(o.fd), start, length, False)
+        except OSError as e:
+            raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        if not _holds(st, v):
+            raise ShardChanged(key)
+        return data
+
+    async def _verify(self, o: _Open, key: str, evidence: tuple, v: Version) -> Version | None:
+        try:
+            same, st = await self._in_thread(o.mount, _verify_blocking, os.dup(o.fd), evidence)
+        except OSError as e:
+            raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        if not same or not _holds(st, v):
+            return None
+        settled = _settled(st) or o.fine and _matches(st, v)  # (behind the barrier)
+        return Version(v.size, v.tag, v.mtime, v.mode, v.uid, v.gid, True) if settled else v
+
+    # -- what a key is now ---------------------------------------------------------------
 
     async def current(self, key: str) -> Version | None:
         """A stat of the path (see `_stat`): the same file as the cached
@@ -543,12 +685,12 @@ class LocalStore(Store):
         if o is not None:
             st = await self._stat(key, o)
             if st is not None and (st.st_dev, st.st_ino) == o.ident:
-                return self._version(key, st)
+                return await self._version(key, st)
             self._drop(key, o)
         o, st = await self._get(key)
         if o is None:
             return None
-        return self._version(key, st or await self._fstat(o))  # no st: another task's open
+        return await self._version(key, st or await self._fstat(o))  # no st: another task's open
 
     async def size(self, key: str) -> int | None:
         o, st = await self._get(key)
@@ -556,20 +698,48 @@ class LocalStore(Store):
             return None
         return (st or await self._fstat(o)).st_size
 
+    async def info(self, key: str) -> Entry | None:
+        """One name (a file or a directory) as a listing would give it, from one stat."""
+        if not key:
+            mode, uid, gid = self.root_mode()
+            st = os.stat(self.real_root)
+            return Entry("", True, 0, mode, st.st_mtime, uid, gid)
+        try:
+            st = await self._in_thread(self._lexical_mount(key), os.stat, self._path(key))
+        except OSError:
+            return None
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) or not self._inside(os.path.realpath(self._path(key))):
+            return None
+        parent = key.rpartition("/")[0]
+        bits = await self._reach(parent, st.st_uid, st.st_gid)
+        is_dir = stat.S_ISDIR(st.st_mode)
+        return Entry(key.rpartition("/")[2], is_dir, 0 if is_dir else st.st_size, stat.S_IMODE(st.st_mode) & bits,
+                     st.st_mtime, st.st_uid, st.st_gid,
+                     None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+
     # -- listings ------------------------------------------------------------------------
 
-    async def list(self, prefix: str) -> list[Entry] | None:
-        return await self._in_thread(self._lexical_mount(prefix), self._list_blocking, prefix,
-                                     self._mounts.stalling_points())
+    async def list(self, prefix: str) -> Entries | None:
+        above = self._above + await self._dirs_to(prefix)
+        got = await self._in_thread(self._lexical_mount(prefix), self._list_blocking, prefix,
+                                    self._mounts.stalling_points(), above)
+        if got is None:
+            return None
+        entries, listed = got
+        if self._dirs.get(prefix) != listed:  # its permissions changed: fold them anew
+            self._dirs[prefix] = listed
+            self._reaches.clear()
+        return entries
 
-    def _list_blocking(self, prefix: str, stalling: frozenset[str]) -> list[Entry] | None:
-        """Entries of a directory (worker thread). Left out: special files (not keys), entries
-        that lead outside the store (unless follow_symlinks), and directories that are the
-        listed directory or one of the directories on the way down to it (a symlink loop
-        such as `junk/a -> .` would otherwise make `find` and `cp -r` run forever). A mount
-        point of a filesystem that may stall is listed without a stat of its root (that stat
-        would hold this thread, and with it the listings of the mount above, for as long as
-        the filesystem hangs): a directory without mode and time."""
+    def _list_blocking(self, prefix: str, stalling: frozenset[str], above: tuple[Dir, ...]) -> tuple[Entries, Dir] | None:
+        """Entries of a directory, and the directory's own stat (worker thread). Left out:
+        special files (not keys), entries that lead outside the store (unless follow_symlinks),
+        and directories that are the listed directory or one of the directories on the way
+        down to it (a symlink loop such as `junk/a -> .` would otherwise make `find` and `cp -r`
+        run forever). A mount point of a filesystem that may stall is listed without a stat of
+        its root (that stat would hold this thread, and with it the listings of the mount
+        above, for as long as the filesystem hangs): a directory without mode and time. Modes
+        are folded over `above` (the directories from / down to the listed one)."""
         path = self._path(prefix)
         try:
             fd = os.open(path, OPEN_FLAGS | os.O_DIRECTORY)
@@ -582,16 +752,19 @@ class LocalStore(Store):
             if not self._inside(real):
                 self._warn_once(path, f"{path}: leads outside the store (to {real}); not listed without -o follow_symlinks")
                 return None
+            listed = _dir_of(os.fstat(fd))
+            above = above[:-1] + (listed,)
             parts = prefix.split("/") if prefix else []
-            above = set()
+            ancestors = set()
             for i in range(len(parts) + 1):
                 st = os.stat(self._path("/".join(parts[:i])))
-                above.add((st.st_dev, st.st_ino))
-            out = []
+                ancestors.add((st.st_dev, st.st_ino))
+            reaches: dict[tuple[int, int], int] = {}
+            out = Entries()
             with os.scandir(fd) as it:
                 for de in it:
                     if os.path.join(real, de.name) in stalling:
-                        out.append(Entry(de.name, True, 0))
+                        out.add(de.name, True, 0)
                         continue
                     name = f"{path}/{de.name}"
                     if de.is_symlink() and not self._inside(os.path.realpath(os.path.join(real, de.name))):
@@ -602,14 +775,18 @@ class LocalStore(Store):
                     except OSError:
                         continue  # dangling symlink, or gone meanwhile
                     is_dir = stat.S_ISDIR(st.st_mode)
-                    if is_dir and (st.st_dev, st.st_ino) in above:
+                    if is_dir and (st.st_dev, st.st_ino) in ancestors:
                         self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")
                         continue
                     if not is_dir and not stat.S_ISREG(st.st_mode):
                         continue
-                    out.append(Entry(de.name, is_dir, 0 if is_dir else st.st_size,
-                                     stat.S_IMODE(st.st_mode), st.st_mtime))
-            return out
+                    owner = (st.st_uid, st.st_gid)
+                    bits = reaches.get(owner)
+                    if bits is None:
+                        bits = reaches[owner] = reach(above, *owner)
+                    out.add(de.name, is_dir, 0 if is_dir else st.st_size, stat.S_IMODE(st.st_mode) & bits, st.st_mtime,
+                            st.st_uid, st.st_gid, None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+            return out, listed
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from None
         finally:
@@ -620,3 +797,14 @@ class LocalStore(Store):
             _close(o.fd, o.local)
         self._fds.clear()
         self._mounts.close()
+
+
+def _stat_dirs(paths: list[str]) -> list[Dir]:
+    """Stats of directories (worker thread); a missing one counts as closed to everyone."""
+    out = []
+    for path in paths:
+        try:
+            out.append(_dir_of(os.stat(path)))
+        except OSError:
+            out.append((0, 0, 0))
+    return out

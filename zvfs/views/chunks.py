@@ -22,7 +22,7 @@ import numpy as np
 from ..formats.array import ChunkSource, ChunkTableLike as ChunkTable, distinct
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, parse_coord
-from ..tree import Dir, File, InodeRange, Node, Rows, Tree, grid_block_sizes
+from ..tree import NO_STAMP, Dir, File, InodeRange, Node, Rows, Stamp, Tree, grid_block_sizes, stamp_of
 
 #: (inode, where the chunk's bytes are (None: a fill block), grid coords) -> the file
 MakeFile = Callable[[int, "ChunkRef | None", tuple[int, ...]], File]
@@ -73,8 +73,10 @@ class ChunkSpace(InodeRange):
     index entry's length), so listings are computed from the chunk tables without a node per
     file."""
 
-    def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile, plain: bool = False):
+    def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile, plain: bool = False,
+                 stamp: Stamp = NO_STAMP):
         self.source = source
+        self.stamp = stamp  # of the chunk directories: the store's `c/` (or array directory)
         self.layout = layout
         self.make_file = make_file
         self.plain = plain
@@ -179,12 +181,12 @@ class ChunkSpace(InodeRange):
         if d + 1 == self.ndim and not self.plain:
             return Rows.of(await self.children(path))
         found = await self.present(path)
-        rows = Rows([], [], [], [], [], [])
+        rows = Rows.empty()
         if d + 1 < self.ndim:  # directories: the distinct coordinates of the next axis
             axis = self.axes[d]
             values = distinct(np.concatenate([t.coords[r, axis] for t, r in found])).tolist() if found else []
             for v in values:
-                rows.add(str(v), self.ino_of((*path, v)), True, 0, None, None)
+                rows.add(str(v), self.ino_of((*path, v)), True, 0, self.stamp, None)
             return rows
         self._add_files(rows, found, lambda pcoords: [str(c) for c in pcoords[:, -1].tolist()])
         return rows
@@ -218,15 +220,15 @@ class ChunkSpace(InodeRange):
         for table, r in found:
             v = table.version
             rows.sizes += table.lengths[r].tolist()
-            rows.modes += [None if v is None else v.mode] * len(r)
-            rows.mtimes += [None if v is None else v.mtime] * len(r)
+            rows.stamps += [stamp_of(v)] * len(r)
+            rows.tokens += [v] * len(r)
 
     async def top_rows(self) -> Rows:
         """The chunk part of the array directory's listing, for the kernel."""
         layout = self.layout
         if layout.nested or not self.plain:
             return Rows.of(await self.top_entries())
-        rows = Rows([], [], [], [], [], [])
+        rows = Rows.empty()
         self._add_files(rows, await self.present(()), lambda pcoords: [layout.flat_name(tuple(c)) for c in pcoords.tolist()])
         return rows
 
@@ -280,6 +282,9 @@ class ChunkDir(Dir):
         super().__init__(ino)
         self.space = space
         self.path = path
+
+    def stamp(self) -> Stamp:
+        return self.space.stamp
 
     async def lookup(self, name: str) -> Node | None:
         return await self.space.child(self.path, name)

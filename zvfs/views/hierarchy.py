@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from ..errors import MetadataError
 from ..formats.array import ArrayModel, ChunkSource, GroupModel, Hierarchy
 from ..formats.zarr3 import child_path
-from ..storage.base import Store
+from ..storage.base import Entry, Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, Node, Tree
+from ..tree import BytesFile, Dir, Node, Stamp, Tree, stamp_of
 from .chunks import ChunkSpace, Layout, MakeFile
 
 if TYPE_CHECKING:
@@ -36,10 +36,12 @@ class HierarchyView:
 
     name = ""
 
-    def __init__(self, store: Store, nodes: Hierarchy, decoded: CoalescingCache, listings: CoalescingCache | None = None):
+    def __init__(self, store: Store, nodes: Hierarchy, decoded: CoalescingCache, listings: CoalescingCache | None = None,
+                 dirs: dict[str, Entry] | None = None):
         self.store = store
         self.nodes = nodes
         self.decoded = decoded
+        self.dirs = dirs or {}  # store directory -> its entry (owner, bits, time)
         self.tree = Tree(listings)
         self.absent: dict[str, str] = {}  # array path -> why the view cannot express it
         self.encodings: dict[str, Encoding] = {}  # array path -> how the view writes its chunks
@@ -64,6 +66,15 @@ class HierarchyView:
         if isinstance(node, GroupModel):
             return self.tree.intern((self.name, path), lambda ino: GroupDir(ino, self, node))
         return self.tree.intern((self.name, path), lambda ino: ArrayDir(ino, self, node))
+
+    def stamp(self, path: str) -> Stamp:
+        """What a directory shown for store directory `path` shows: that directory's."""
+        return stamp_of(self.dirs.get(path))
+
+    def chunk_stamp(self, node: ArrayModel) -> Stamp:
+        """The chunk directories' stamp: the store's chunk directory (`c/`), or the array's."""
+        below = child_path(node.path, node.chunk_dir) if node.chunk_dir else node.path
+        return self.stamp(below if below in self.dirs else node.path)
 
     def metadata(self, key: str, content: bytes, node: ArrayModel | GroupModel) -> Node:
         """A metadata file, dressed in the mode and mtime of the metadata it came from."""
@@ -101,6 +112,9 @@ class GroupDir(Dir):
         self.view = view
         self.group = group
 
+    def stamp(self) -> Stamp:
+        return self.view.stamp(self.group.path)
+
     def _files(self) -> dict[str, Node]:
         return {name: self.view.metadata(child_path(self.group.path, name), data, self.group)
                 for name, data in self.view.group_files(self.group).items()}
@@ -129,7 +143,11 @@ class ArrayDir(Dir):
         self.view = view
         self.array = array
         source = view.source(array)
-        self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source))
+        self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source),
+                                 stamp=view.chunk_stamp(array))
+
+    def stamp(self) -> Stamp:
+        return self.view.stamp(self.array.path)
 
     def _files(self) -> dict[str, Node]:
         return {name: self.view.metadata(child_path(self.array.path, name), data, self.array)

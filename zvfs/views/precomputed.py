@@ -30,9 +30,10 @@ from ..errors import CorruptShardError, StorageError
 from ..formats.chunkref import ChunkRef
 from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode,
                                    morton_encode, unsharded_info, volume_chunk_limit)
-from ..storage.base import Store, Version
+from ..storage.base import Entry, Store, Version, proof
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Rows, StoreDir, Tree
+from ..handles import read_ref
+from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Rows, Stamp, StoreDir, Tree, stamp_of
 from .chunks import parse_coord
 
 log = logging.getLogger("zvfs.view.precomputed")
@@ -47,11 +48,12 @@ def info_file(tree: Tree, path: str, info: dict, source: Version | None = None) 
 
 class PrecomputedView:
     def __init__(self, store: Store, dataset: Dataset, cache: CoalescingCache, decoded: CoalescingCache,
-                 listings: CoalescingCache | None = None):
+                 listings: CoalescingCache | None = None, dirs: dict[str, Entry] | None = None):
         self.store = store
         self.dataset = dataset
         self.cache = cache
         self.decoded = decoded
+        self.dirs = dirs or {}  # store directory -> its entry (owner, bits, time)
         self.tree = Tree(listings)
         self.tree.intern(("pc", ""), lambda ino: DatasetDir(ino, self))
 
@@ -85,6 +87,9 @@ class DatasetDir(Dir):
     def __init__(self, ino: int, view: PrecomputedView):
         super().__init__(ino)
         self.view = view
+
+    def stamp(self) -> Stamp:
+        return stamp_of(self.view.dirs.get(""))
 
     async def lookup(self, name: str) -> Node | None:
         """`info` and the sharded directories are known from the metadata: no listing needed."""
@@ -124,6 +129,9 @@ class ShardedDirNode(Dir):
         self.kv = kv
         self.stored: StoreDir = view.tree.store_dir(view.store, sd.path)
         self._listing: list[tuple[str, Node]] | None = None
+
+    def stamp(self) -> Stamp:
+        return stamp_of(self.view.dirs.get(self.sd.path))
 
     def forget(self) -> None:
         self._listing = None
@@ -189,10 +197,11 @@ class ShardedDirNode(Dir):
         keep = [] if stored is None else [i for i, name in enumerate(stored.names) if self.passes_through(name)]
         if not keep:
             return own
-        out = Rows([], [], [], [], [], [])
+        out = Rows.empty()
+        columns = {id(own): own.window(0, len(own)), id(stored): stored.window(0, len(stored))}  # type: ignore[arg-type]
         for _, src, i in heapq.merge(((name, own, i) for i, name in enumerate(own.names)),
                                      ((stored.names[i], stored, i) for i in keep), key=lambda t: t[0]):  # type: ignore[union-attr]
-            out.add(src.names[i], src.inos[i], src.is_dir[i], src.sizes[i], src.modes[i], src.mtimes[i])
+            out.add(*(column[i] for column in columns[id(src)]))
         return out
 
     def chunk_key(self, name: str):
@@ -286,6 +295,7 @@ class IdDir(ShardedDirNode):
         if ref is None:
             return None
         node = self.view.tree.intern(("pcid", self.sd.path, seg, whole), lambda ino: self.view.chunk_file(ino, ref))
+        node.ref = ref  # type: ignore[union-attr]  # (an interned node: located anew)
         node.relocate = lambda: self.ref(seg, whole)  # type: ignore[union-attr]
         return node
 
@@ -293,13 +303,17 @@ class IdDir(ShardedDirNode):
         ref = await self.kv.get_ref(seg)
         if ref is None or whole:
             return ref
-        manifest = await self.view.chunk_file(0, ref).read(0, 1 << 62)
+        manifest = await read_ref(self.view.store, ref, decode=True)
         frag = manifest_fragment_bytes(manifest, ref.key)
         # data starts after the shard index in a `.shard`, at 0 in an obsolete `.data`
         floor = 0 if ref.key.endswith(".data") else self.kv.spec.shard_index_nbytes
         if frag > ref.offset - floor:
             raise CorruptShardError(ref.key, f"mesh fragments of segment {seg} would start before the shard data")
-        return ChunkRef(ref.key, ref.offset - frag, frag, version=ref.version)
+        evidence = ref.evidence
+        if evidence is not None:  # the fragments' place follows from the manifest's bytes too
+            stored = await self.view.store.read(ref.key, ref.offset, ref.length, expect=ref.version)
+            evidence += (proof(ref.offset, stored or b""),)
+        return ChunkRef(ref.key, ref.offset - frag, frag, version=ref.version, evidence=evidence)
 
     async def files_for(self, ids: np.ndarray) -> list[tuple[str, Node | None]]:
         out: list[tuple[str, Node | None]] = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, Hashable
 
 import numpy as np
 
@@ -33,7 +33,9 @@ from ..formats.chunkref import ChunkRef
 from ..formats.codecs import COMPRESSORS, Chain, DecodeError, compressor, decode_step, fill_value, name_of
 from ..storage.base import Store
 from ..storage.cache import CoalescingCache
-from ..tree import File, RangeFile, _check_length as check_length
+from ..handles import BytesHandle, Handle, RangeHandle, read_ref
+from ..storage.base import Pin
+from ..tree import File, RangeFile
 from .hierarchy import NotExpressible
 
 log = logging.getLogger("zvfs.view")
@@ -130,7 +132,7 @@ def zarr_encoding(view: str, model: ArrayModel, chain: Chain) -> Encoding:
 
 class ChunkFile(RangeFile):
     """A chunk file of an array view: the header (if any) and the stored bytes, or the chunk
-    built (decoded, transcoded, or filled) once and kept in the decoded cache."""
+    built (decoded, transcoded, or filled) once per version and kept in the decoded cache."""
 
     __slots__ = ("encoding", "coords")
 
@@ -140,62 +142,91 @@ class ChunkFile(RangeFile):
         self.encoding = encoding
         self.coords = coords
 
+    def token(self) -> Hashable:
+        return FILL_KEY if self.ref.key == FILL_KEY else self.ref.version
+
     def known_size(self) -> int | None:
         return self.encoding.known_size(self.ref, self.coords)
 
     async def size(self) -> int:
         size = self.known_size()
-        return size if size is not None else len(await self._built())
+        return size if size is not None else len(await self.built(self.ref, lambda: read_ref(self.store, self.ref)))
 
-    async def _built(self) -> bytes:
-        enc, ref = self.encoding, self.ref
+    async def built(self, ref: ChunkRef, stored: Callable[[], Awaitable[bytes]]) -> bytes:
+        """The file's bytes from the chunk `ref` names (`stored` reads it), once per version
+        (not kept from a version that is not settled)."""
+        enc = self.encoding
 
         async def build() -> bytes:
             if ref.key == FILL_KEY:
-                return self._transcode(None)
-            raw = await self.store.read(ref.key, ref.offset, ref.length, expect=ref.version)
-            check_length(ref, raw)
-            return await decode_step(self._transcode, raw)
+                return transcode(enc, ref, self.coords, None)
+            return await decode_step(lambda raw: transcode(enc, ref, self.coords, raw), await stored())
 
+        if ref.evidence is not None:
+            return await build()
         tag = None if ref.version is None else ref.version.tag
         return await self.decoded.get((enc.view, enc.model.path, self.coords, ref.key, tag, ref.offset), build)  # type: ignore[union-attr]
 
-    def _transcode(self, raw: bytes | None) -> bytes:
-        """The file's bytes from the stored chunk (None: a chunk never written, all fill).
-        Only CPU: a large chunk's runs in a worker thread (`decode_step`)."""
-        enc, ref, coords = self.encoding, self.ref, self.coords
-        extent = enc.extent(coords)
-        if raw is None:
-            return enc.prefix(extent) + enc.encode(np.broadcast_to(enc.fill(), extent))
-        data = raw if ref.decode is None else ref.decode(raw)
-        if enc.passthrough and enc.stored_extent(coords) == extent:
-            return enc.prefix(extent) + data
-        try:
-            arr = enc.chain.decode(data, enc.model.data_type, enc.stored_extent(coords))
-        except DecodeError as e:
-            err = CorruptShardError(ref.key, f"chunk {list(coords)} of {enc.model.path or '/'}: {e}")
-            log.warning("%s", err)
-            raise err from None
-        return enc.prefix(extent) + enc.encode(enc.fit(arr, extent))
+    async def open(self) -> Handle:
+        if self.ref.key == FILL_KEY:  # stored since?
+            return await self.reopen()
+        return await super().open()
 
-    async def read_for_reply(self, offset: int, size: int) -> bytes:
-        """Not the stored range as it is (a header, a transcoded chunk): no view of the store's
-        buffer, the bytes `read` makes."""
-        return await self.read(offset, size)
+    async def open_located(self, ref: ChunkRef) -> Handle:
+        if ref.key == FILL_KEY:
+            return BytesHandle(await self.built(ref, _nothing), FILL_KEY)
+        return await super().open_located(ref)
+
+    def handle(self, pin: Pin, ref: ChunkRef) -> Handle:
+        return ChunkHandle(pin, ref, self)
 
     def bytes_at_hand(self) -> None:
-        """Never the stored range (see `read_for_reply`): nothing to push ahead."""
+        """Never the stored range (a header, a transcoded chunk): nothing to push ahead."""
         return None
 
-    def holds_bytes_of(self, earlier: File) -> bool:
-        return False
+
+async def _nothing() -> bytes:
+    return b""
+
+
+def transcode(enc: Encoding, ref: ChunkRef, coords: tuple[int, ...], raw: bytes | None) -> bytes:
+    """A chunk file's bytes from the stored chunk (None: a chunk never written, all fill).
+    Only CPU: a large chunk's runs in a worker thread (`decode_step`)."""
+    extent = enc.extent(coords)
+    if raw is None:
+        return enc.prefix(extent) + enc.encode(np.broadcast_to(enc.fill(), extent))
+    data = raw if ref.decode is None else ref.decode(raw)
+    if enc.passthrough and enc.stored_extent(coords) == extent:
+        return enc.prefix(extent) + data
+    try:
+        arr = enc.chain.decode(data, enc.model.data_type, enc.stored_extent(coords))
+    except DecodeError as e:
+        err = CorruptShardError(ref.key, f"chunk {list(coords)} of {enc.model.path or '/'}: {e}")
+        log.warning("%s", err)
+        raise err from None
+    return enc.prefix(extent) + enc.encode(enc.fit(arr, extent))
+
+
+class ChunkHandle(RangeHandle):
+    """An open chunk file of an array view: behind the header the stored range as it is
+    (`Encoding.direct`), or the file's built bytes."""
+
+    __slots__ = ("file",)
+
+    def __init__(self, pin: Pin, ref: ChunkRef, file: ChunkFile):
+        super().__init__(pin, ref, file.decoded, file.encoding.known_size(ref, file.coords))
+        self.file = file
 
     async def read(self, offset: int, size: int) -> bytes:
-        enc, ref = self.encoding, self.ref
-        if not enc.direct(ref, self.coords):
-            return (await self._built())[offset:offset + size]
-        header = enc.prefix(enc.extent(self.coords))
+        enc, ref, coords = self.file.encoding, self.ref, self.file.coords
+        if not enc.direct(ref, coords):
+            return (await self.file.built(ref, lambda: self.stored(0, ref.length)))[offset:offset + size]
+        header = enc.prefix(enc.extent(coords))
         out = header[offset:offset + size]
         if size > len(out):
-            out += await RangeFile.read(self, max(0, offset - len(header)), size - len(out))
+            out += await RangeHandle.read(self, max(0, offset - len(header)), size - len(out))
         return out
+
+    async def read_for_reply(self, offset: int, size: int) -> bytes:
+        """Not the stored range as it is: no view of the store's buffer."""
+        return await self.read(offset, size)

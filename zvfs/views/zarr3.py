@@ -18,12 +18,12 @@ import json
 import logging
 from typing import Callable
 
-from ..formats.array import ArrayModel, GroupModel
+from ..formats.array import ArrayModel, GroupModel, Hierarchy
 from ..formats.codecs import Chain, fill_value_json, name_of
 from ..formats.zarr3 import META, ArrayNode, ChunkKeyEncoding, GroupNode, ShardedArray, child_path, parse_array
-from ..storage.base import Store
+from ..storage.base import Entry, Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Rows, Tree
+from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Rows, Stamp, Tree, stamp_of
 from .chunks import ChunkSpace, Layout
 from .hierarchy import HierarchyView, NotExpressible
 from .transcode import Encoding, zarr_encoding
@@ -74,10 +74,12 @@ class Zarr3View:
     """Builds the view's tree lazily from a loaded hierarchy."""
 
     def __init__(self, store: Store, nodes: dict[str, ArrayNode | GroupNode], cache: CoalescingCache,
-                 listings: CoalescingCache | None = None):
+                 listings: CoalescingCache | None = None, arrays: Hierarchy | None = None, dirs: dict[str, Entry] | None = None):
         self.store = store
         self.nodes = nodes
         self.cache = cache
+        self.arrays = arrays or {}
+        self.dirs = dirs or {}  # store directory -> its entry (owner, bits, time)
         self.tree = Tree(listings)
         #: extra virtual children of a group (by group path): ZVF's `objects/`
         self.extras: Callable[[str], list[tuple[str, Node]]] = lambda path: []
@@ -89,10 +91,16 @@ class Zarr3View:
             if isinstance(h, GroupNode):
                 return GroupDir(ino, self, h)
             if h.plan is not None:
-                return ShardedArrayDir(ino, self, ShardedArray(h, self.store, self.cache))
-            return PassDir(ino, self.tree.store_dir(self.store, path))
+                model = self.arrays.get(path)
+                chunks = model.chunks if isinstance(model, ArrayModel) and isinstance(model.chunks, ShardedArray) else None
+                return ShardedArrayDir(ino, self, chunks or ShardedArray(h, self.store, self.cache))
+            return PassDir(ino, self.tree.store_dir(self.store, path), self.dirs.get(path))
 
         return self.tree.intern(("zarr", path), make)
+
+    def stamp(self, path: str) -> Stamp:
+        """What a directory shown for store directory `path` shows: that directory's."""
+        return stamp_of(self.dirs.get(path))
 
     def metadata_file(self, path: str, meta: dict) -> BytesFile:
         source = self.nodes[path].version
@@ -109,6 +117,9 @@ class GroupDir(Dir):
         super().__init__(ino)
         self.view = view
         self.group = group
+
+    def stamp(self) -> Stamp:
+        return self.view.stamp(self.group.path)
 
     def _meta_file(self) -> Node:
         view, group = self.view, self.group
@@ -153,7 +164,13 @@ class ShardedArrayDir(Dir):
         self.view = view
         self.array = array
         layout = Layout.zarr(array.node.encoding, array.ndim)
-        self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref), plain=True)
+        path = array.node.path
+        chunk_dir = child_path(path, layout.top) if layout.top else path
+        self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref), plain=True,
+                                 stamp=view.stamp(chunk_dir if chunk_dir in view.dirs else path))
+
+    def stamp(self) -> Stamp:
+        return self.view.stamp(self.array.node.path)
 
     def _meta(self) -> BytesFile:
         return self.view.metadata_file(self.array.node.path, unsharded_metadata(self.array.node))
@@ -169,7 +186,7 @@ class ShardedArrayDir(Dir):
     async def rows(self) -> Rows:
         rows = await self.chunks.top_rows()
         meta = self._meta()
-        rows.add(META, meta.ino, False, meta.known_size(), None, None)
+        rows.add(META, meta.ino, False, meta.known_size(), meta.stamp(), meta.token())
         return rows
 
 

@@ -8,12 +8,15 @@ Looking a file up by name reads one manifest chunk; only listing reads them all.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Iterable
 
-from ..formats.array import ArrayModel, Hierarchy
+from ..formats.array import Hierarchy
 from ..formats.zvf import ObjectReader, ZvfLevel, find_levels, npy_header
 from ..storage.cache import CoalescingCache
-from ..tree import File, ListedDir, Node, RangeFile
+from ..formats.chunkref import ChunkRef
+from ..handles import BytesHandle, Handle, read_ref
+from ..tree import File, ListedDir, Node, Stamp
 from .chunks import parse_coord
 from .zarr3 import Zarr3View
 
@@ -30,9 +33,18 @@ class ZvfObjects:
         self.levels = {lv.path: lv for lv in find_levels(arrays)}
         view.extras = self.extras
 
-    async def read_cell(self, node: ArrayModel, cell: tuple[int, ...]) -> bytes | None:
-        ref = await node.chunks.locate(cell)
-        return None if ref is None else await RangeFile(0, self.view.store, ref).read(0, ref.length)
+    async def read_cell(self, ref: ChunkRef) -> bytes:
+        return await read_ref(self.view.store, ref)
+
+    def object_stamp(self, level: str) -> Stamp:
+        """An object file's: the level's directory, with only the bits that every array it is
+        read from (and their chunk directories) also has."""
+        stamp = self.view.stamp(level)
+        mode = stamp.mode
+        for path, entry in self.view.dirs.items():
+            if mode is not None and entry.mode is not None and path.startswith(f"{level}/" if level else ""):
+                mode &= entry.mode
+        return stamp._replace(mode=mode)
 
     def extras(self, group_path: str) -> list[tuple[str, Node]]:
         level = self.levels.get(group_path)
@@ -49,6 +61,9 @@ class ObjectsDir(ListedDir):
         super().__init__(ino)
         self.objects = objects
         self.reader = reader
+
+    def stamp(self) -> Stamp:
+        return self.objects.view.stamp(self.reader.level.path)
 
     def _file(self, oid: int, row: int) -> Node:
         key = ("zvfobj", self.reader.level.path, oid)
@@ -81,18 +96,18 @@ class ObjectFile(File):
         self.reader = reader
         self.row = row
 
-    async def _bytes(self) -> bytes:
-        async def load() -> bytes:
-            rows = await self.reader.vertices(await self.reader.manifest(self.row))
-            return npy_header(rows.dtype, rows.shape) + rows.tobytes()
+    def stamp(self) -> Stamp:
+        return self.objects.object_stamp(self.reader.level.path)
 
-        return await self.objects.decoded.get(("zvfobj", self.reader.level.path, self.row), load)
+    async def open(self) -> Handle:
+        """The object's rows as they are now (each chunk at its shard's current version; the
+        decoded cells are kept per version)."""
+        rows = await self.reader.vertices(await self.reader.manifest(self.row))
+        data = npy_header(rows.dtype, rows.shape) + rows.tobytes()
+        return BytesHandle(data, hashlib.blake2b(data, digest_size=16).digest())
 
     async def size(self) -> int:
         level: ZvfLevel = self.reader.level
         plan = await self.reader.row_indices(await self.reader.manifest(self.row))
         n = sum(len(idx) for _, idx in plan)
         return len(npy_header(level.dtype, (n, level.ndim))) + n * level.ndim * level.dtype.itemsize
-
-    async def read(self, offset: int, size: int) -> bytes:
-        return (await self._bytes())[offset : offset + size]
