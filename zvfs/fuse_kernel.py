@@ -43,9 +43,10 @@ class KernelCache:
         self.kept = kept
         self._drop = drop
         self.told: dict[int, Hashable] = {}  # inode -> token of what the kernel was told or handed
-        self.opened: dict[int, dict[Hashable, int]] = {}  # inode -> tokens of its open handles -> count
-        #: inode -> (token, size) of the version its handles read through the page cache
-        self.cached: dict[int, tuple[Hashable, int | None]] = {}
+        #: inode -> [token, size, count] of the handles that read it through the page cache
+        #: (one version at a time), and the count of those that bypass it (another version)
+        self.cached: dict[int, list] = {}
+        self.direct: dict[int, int] = {}
         self.paged: set[int] = set()  # inodes the kernel may hold pages of (opened or pushed), in `told`
         self.dropping: set[int] = set()  # let go of with pages: invalidation under way
 
@@ -58,7 +59,7 @@ class KernelCache:
     def _evict(self) -> None:
         out = []
         for ino in list(self.told)[: max(1, len(self.told) // 16)]:
-            if ino in self.opened:  # what open handles read stays known
+            if ino in self.cached:  # what open handles read stays known
                 self.told[ino] = self.told.pop(ino)
                 continue
             del self.told[ino]
@@ -83,49 +84,46 @@ class KernelCache:
 
     def opening(self, ino: int, token: Hashable, size: int | None) -> tuple[bool, bool, bool]:
         """(keep_cache, direct_io, invalidate the attributes first) for an open of `ino` whose
-        handle holds `token` (`size` bytes); the handle is counted as open."""
-        others = self.opened.get(ino)
-        if others is None:
-            others = self.opened[ino] = {}
-        counted = others.get(token, 0)
-        others[token] = counted + 1
-        cached = self.cached.get(ino)
-        if cached is not None and (cached[0] != token or token is None):
+        handle holds `token` (`size` bytes); the handle is counted as open (`closed` with the
+        same direct_io)."""
+        held = self.cached.get(ino)
+        if held is not None:
+            if token is not None and held[0] == token:
+                held[2] += 1
+                return True, False, False
+            self.direct[ino] = self.direct.get(ino, 0) + 1
             return True, True, False  # another version is read through the page cache: bypass it
-        self.cached[ino] = (token, size)
         told = self.told.get(ino, _ABSENT)
-        keep = token is not None and told == token and ino not in self.dropping
+        keep = token is not None and (told is token or told == token) and ino not in self.dropping
         if not keep:
             self._set(ino, STALE if token is None else token)
         self.paged.add(ino)
+        self.cached[ino] = [token, size, 1]
         return keep, False, not keep
 
-    def closed(self, ino: int, token: Hashable) -> None:
-        others = self.opened.get(ino)
-        if others is None:
+    def closed(self, ino: int, direct: bool) -> None:
+        if direct:
+            n = self.direct.pop(ino, 1) - 1
+            if n:
+                self.direct[ino] = n
             return
-        n = others.get(token, 0) - 1
-        if n > 0:
-            others[token] = n
-            return
-        others.pop(token, None)
-        cached = self.cached.get(ino)
-        if cached is not None and cached[0] == token:  # no handle reads through the page cache now
-            del self.cached[ino]
-        if not others:
-            del self.opened[ino]
+        held = self.cached.get(ino)
+        if held is not None:
+            held[2] -= 1
+            if not held[2]:
+                del self.cached[ino]
 
     def size_for(self, ino: int, token: Hashable) -> int | None:
         """The size to tell the kernel for `ino`, whose node now says `token`, when handles read
         another version of it through the page cache (that version's size); else None."""
-        cached = self.cached.get(ino)
-        return None if cached is None or cached[0] == token else cached[1]
+        held = self.cached.get(ino)
+        return None if held is None or held[0] == token else held[1]
 
     def pushing(self, ino: int, token: Hashable) -> bool:
         """Whether the bytes `token` names may be put in the kernel's cache for `ino` now (no
         open handle, which could hold the pages locked, and nothing of another version known
         to be there); if so they are recorded as there."""
-        if token is None or ino in self.opened or ino in self.dropping:
+        if token is None or ino in self.cached or ino in self.direct or ino in self.dropping:
             return False
         told = self.told.get(ino, _ABSENT)
         if told is not _ABSENT and told != token:
@@ -138,5 +136,5 @@ class KernelCache:
         """`zvfs refresh`: nothing the kernel holds is trusted any more (what open handles read
         stays as it is)."""
         for ino in self.told:
-            if ino not in self.opened:
+            if ino not in self.cached:
                 self.told[ino] = STALE

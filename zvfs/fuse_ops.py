@@ -127,13 +127,15 @@ def guarded(handler):
 
 
 class _Open:
-    """An open file: its inode and its handle (the snapshot it reads)."""
+    """An open file: its inode, its handle (the snapshot it reads), and whether it bypasses the
+    kernel's page cache (another version of the file is read through it)."""
 
-    __slots__ = ("ino", "handle")
+    __slots__ = ("ino", "handle", "direct")
 
-    def __init__(self, ino: int, handle: Handle):
+    def __init__(self, ino: int, handle: Handle, direct: bool = False):
         self.ino = ino
         self.handle = handle
+        self.direct = direct
 
 
 class ZvfsOperations(pyfuse3.Operations):
@@ -339,12 +341,12 @@ class ZvfsOperations(pyfuse3.Operations):
         except Exception as e:  # noqa: BLE001
             raise pyfuse3.FUSEError(self._fail(e)) from None
         keep, direct, forget_attrs = self.kernel.opening(inode, handle.token, handle.size)
-        if forget_attrs:  # the kernel's size and times are of another version
+        if forget_attrs:  # the kernel's size and times are of another version (or unknown)
             self.counters.changed += 1
             self._forget_attributes(inode)
-        self.tree.remember(node)
+            self.tree.remember(node)  # (what the next getattr asks about: this version)
         fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._open[fh] = _Open(inode, handle)
+        self._open[fh] = _Open(inode, handle, direct)
         self.counters.files_read += 1
         if self.push_ahead:
             self._push_ahead_of(node)  # type: ignore[arg-type]
@@ -480,7 +482,7 @@ class ZvfsOperations(pyfuse3.Operations):
         opened = self._open.pop(fh, None)
         if opened is not None:
             opened.handle.release()
-            self.kernel.closed(opened.ino, opened.handle.token)
+            self.kernel.closed(opened.ino, opened.direct)
 
     # -- control files
 

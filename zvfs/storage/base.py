@@ -147,6 +147,11 @@ class Store(abc.ABC):
         every read sends it along (If-Match) or checks it."""
         return Pin(key, known if known is not None else await self.current(key), self)
 
+    def pin_now(self, key: str) -> "Pin | None":
+        """`pin`, when it can be done without waiting (locally: a cached descriptor that the
+        path still names, looked up from the kernel's caches); else None (then `pin`)."""
+        return None
+
     async def info(self, key: str) -> Entry | None:
         """One name as a listing would give it (its owner and bits, for the views' directories),
         where the store can tell without a listing; None otherwise."""
