@@ -191,6 +191,25 @@ class Stores:
         return self._mounts[key].parent / "zvfs.log"
 
 
+READER = "zvfsreader"  # the other user of allow_other mounts (created once, a system user)
+
+
+@pytest.fixture(scope="session")
+def reader() -> int:
+    """The uid of a real non-root user, for what other users read through a mount."""
+    import pwd
+
+    if subprocess.run(["id", READER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", READER],
+                       check=True, capture_output=True)
+    return pwd.getpwnam(READER).pw_uid
+
+
+def as_reader(*cmd) -> subprocess.CompletedProcess:
+    """`cmd` run as the reader user."""
+    return subprocess.run(["runuser", "-u", READER, "--", *map(str, cmd)], capture_output=True, timeout=60)
+
+
 @pytest.fixture
 def public_tmp():
     """A directory every user may reach. pytest's own are 0700, and a store under them is

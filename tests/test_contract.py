@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import zvfs_mount
+from conftest import as_reader, zvfs_mount
 
 pytestmark = pytest.mark.mount
 
@@ -182,21 +181,6 @@ def test_one_bad_shard_costs_only_its_own_files(tmp_path, kind):
     assert sum("c/3/0/0" in line for line in text.splitlines()) == 1, text[-2000:]
 
 
-READER = "zvfsreader"
-
-
-@pytest.fixture(scope="module")
-def reader():
-    if subprocess.run(["id", READER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", READER],
-                       check=True, capture_output=True)
-    return pwd.getpwnam(READER).pw_uid
-
-
-def _as_reader(*cmd) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", READER, "--", *map(str, cmd)], capture_output=True, timeout=60)
-
-
 def test_control_files_answer_the_owner_and_root_only(tmp_path, reader):
     base = Path(tempfile.mkdtemp(prefix="zvfs-control-"))
     try:
@@ -206,10 +190,10 @@ def test_control_files_answer_the_owner_and_root_only(tmp_path, reader):
         (base / "mnt").mkdir()
         with zvfs_mount(src, base / "mnt", options=["allow_other"]) as mnt:
             for name in (".zvfs.refresh", ".zvfs.stats"):
-                r = _as_reader("cat", mnt / name)
+                r = as_reader("cat", mnt / name)
                 assert r.returncode != 0 and b"ermission denied" in r.stderr, (name, r)
             assert b'"refreshed": true' in (mnt / ".zvfs.refresh").read_bytes()  # root may
-            r = _as_reader("cat", mnt / "c/0/0")
+            r = as_reader("cat", mnt / "c/0/0")
             assert r.returncode == 0 and r.stdout == (mnt / "c/0/0").read_bytes()
     finally:
         shutil.rmtree(base)

@@ -9,9 +9,7 @@ administrator shares on purpose with `umask=` or hands the files to a user with 
 
 from __future__ import annotations
 
-import pwd
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,20 +17,9 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import zvfs_mount
+from conftest import READER, as_reader, zvfs_mount
 
 pytestmark = pytest.mark.mount
-
-READER = "zvfsreader"
-
-
-@pytest.fixture(scope="module")
-def reader():
-    if subprocess.run(["id", READER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", READER],
-                       check=True, capture_output=True)
-    return pwd.getpwnam(READER).pw_uid
-
 
 @pytest.fixture(scope="module")
 def base():
@@ -50,10 +37,6 @@ def base():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _as_reader(*cmd) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", READER, "--", *map(str, cmd)], capture_output=True, timeout=60)
-
-
 def _mount(base: Path, name: str, options):
     mnt = base / name
     mnt.mkdir(exist_ok=True)
@@ -65,8 +48,8 @@ def test_modes_are_never_wider_than_the_store(base, reader):
     with _mount(base, "plain", ["allow_other"]) as mnt:
         closed, open_ = mnt / "c/0/0", mnt / "c/2/0"
         assert closed.stat().st_mode & 0o777 == 0o400 and open_.stat().st_mode & 0o777 == 0o444
-        assert _as_reader("cat", closed).returncode != 0, "a chunk of a 0600 shard must stay closed to others"
-        r = _as_reader("cat", open_)
+        assert as_reader("cat", closed).returncode != 0, "a chunk of a 0600 shard must stay closed to others"
+        r = as_reader("cat", open_)
         assert r.returncode == 0 and r.stdout == open_.read_bytes()
 
 
@@ -75,7 +58,7 @@ def test_umask_shares_a_closed_store_on_purpose(base, reader):
         closed = mnt / "c/0/0"
         assert closed.stat().st_mode & 0o777 == 0o444
         assert (mnt / "c").stat().st_mode & 0o777 == 0o555
-        r = _as_reader("cat", closed)
+        r = as_reader("cat", closed)
         assert r.returncode == 0 and r.stdout == closed.read_bytes()
 
 
@@ -83,18 +66,18 @@ def test_uid_and_gid_hand_the_files_to_a_user(base, reader):
     with _mount(base, "uid", ["allow_other", f"uid={READER}", "gid=0"]) as mnt:
         st = (mnt / "c/0/0").stat()
         assert (st.st_uid, st.st_gid) == (reader, 0)
-        r = _as_reader("cat", mnt / "c/0/0")  # 0400, and the reader owns it now
+        r = as_reader("cat", mnt / "c/0/0")  # 0400, and the reader owns it now
         assert r.returncode == 0 and r.stdout == (mnt / "c/0/0").read_bytes()
-        assert _as_reader("touch", mnt / "c/0/0").returncode != 0  # never a write bit
+        assert as_reader("touch", mnt / "c/0/0").returncode != 0  # never a write bit
 
 
 def test_allow_root_lets_root_in_and_nobody_else(base, reader):
     with _mount(base, "root", ["allow_root"]) as mnt:
         assert sorted(p.name for p in mnt.iterdir()) == ["c", "zarr.json"]
-        r = _as_reader("ls", mnt)
+        r = as_reader("ls", mnt)
         assert r.returncode != 0 and b"ermission denied" in r.stderr
     with _mount(base, "private", []) as mnt:
-        assert _as_reader("ls", mnt).returncode != 0
+        assert as_reader("ls", mnt).returncode != 0
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +118,7 @@ def test_a_reader_reads_through_the_mount_exactly_what_the_store_lets_them(close
             assert found, f"{view}: root sees no files under {top}"
             chunks = [p for p in found if p.name not in ("zarr.json", ".zarray", ".zattrs", ".zgroup", "attributes.json")]
             assert chunks, f"{view}: no chunk files under {top}"
-            readable = [p for p in found if _as_reader("cat", p).returncode == 0]
+            readable = [p for p in found if as_reader("cat", p).returncode == 0]
             if top == "open":
                 assert readable == found, f"{view}: the reader cannot read {sorted(set(found) - set(readable))[:3]}"
             elif top == "locked_c":  # the metadata beside `c/` is open in the store too

@@ -27,7 +27,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import pyfuse3
 import trio
@@ -126,6 +126,41 @@ def guarded(handler):
     return wrapper
 
 
+class _Parked:
+    """A system task that does queued work, parked while there is none, started by the first
+    `put` (a system task: it must never die, or the mount would end)."""
+
+    def __init__(self, work: Callable[[list], Awaitable[None]], what: str):
+        self.work = work
+        self.what = what
+        self.queue: deque = deque()
+        self._task: trio.lowlevel.Task | None = None
+        self._started = False
+
+    def put(self, items: list) -> None:
+        self.queue.append(items)
+        if self._task is not None:
+            task, self._task = self._task, None
+            trio.lowlevel.reschedule(task)
+        elif not self._started:
+            self._started = True
+            trio.lowlevel.spawn_system_task(self._run)
+
+    async def _run(self) -> None:
+        def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        while True:
+            while self.queue:
+                try:
+                    await self.work(self.queue.popleft())
+                except Exception:  # noqa: BLE001 - a system task must not die (it would end the mount)
+                    log.exception("%s failed", self.what)
+            self._task = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(abort)
+
+
 class _Open:
     """An open file: its inode, its handle (the snapshot it reads), and whether it bypasses the
     kernel's page cache (another version of the file is read through it)."""
@@ -165,17 +200,13 @@ class ZvfsOperations(pyfuse3.Operations):
         self._dirs: dict[int, tuple] = {}  # dir handle -> (node, its rows, the window of rows at hand: start, lists)
         self._next_fh = 1
         #: what the kernel may hold of each inode (fuse_kernel.py); inodes it lets go of are
-        #: invalidated in the kernel by a worker thread (`_dropper`)
-        self.kernel = KernelCache(kernel_kept, self._queue_drops)
-        self._drops: deque[int] = deque()
-        self._dropper: trio.lowlevel.Task | None = None
-        self._dropper_started = False
+        #: invalidated in the kernel by a worker thread (`_drop`)
+        self._drops = _Parked(self._drop, "invalidating inodes")
+        self.kernel = KernelCache(kernel_kept, self._drops.put)
         #: bytes of the files a walk opens next that may be put in the kernel's cache at once
-        #: (`_push_ahead_of`), 0 for none
+        #: (`_push_ahead_of`), 0 for none; files to push once their opens answered
         self.push_ahead = push_ahead
-        self._to_push: deque[list[File]] = deque()  # files to push once their opens answered
-        self._to_push_started = False
-        self._pusher: trio.lowlevel.Task | None = None  # the task pushing them, parked
+        self._pushes = _Parked(self._push_later, "pushing files ahead")
 
     def _perm(self, is_dir: bool, mode: int | None) -> int:
         """Permission bits shown: never a write bit, never exec on files, never wider than the
@@ -376,30 +407,13 @@ class ZvfsOperations(pyfuse3.Operations):
                 return
             if (file.known_size() or 0) <= PUSH_NOW_MAX or len(self._open) > 1:
                 self._push(ahead)
-                return
-            self._to_push.append(ahead)
-            if self._pusher is not None:
-                task, self._pusher = self._pusher, None
-                trio.lowlevel.reschedule(task)
-            elif not self._to_push_started:
-                self._to_push_started = True
-                trio.lowlevel.spawn_system_task(self._push_queued)
+            else:
+                self._pushes.put(ahead)
         except Exception:  # noqa: BLE001 - a push is only a hint (the opens will read), and
             log.exception("pushing the files after inode %d failed", file.ino)  # must not end the mount
 
-    async def _push_queued(self) -> None:
-        def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
-            self._pusher = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        while True:
-            while self._to_push:
-                try:
-                    self._push(self._to_push.popleft())
-                except Exception:  # noqa: BLE001 - a system task must not die (it would end the mount)
-                    log.exception("pushing files ahead failed")
-            self._pusher = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(abort)
+    async def _push_later(self, files: list[File]) -> None:
+        self._push(files)
 
     def _push(self, files: list[File]) -> None:
         """Only files with no open handle: a read of an open file may hold its pages locked
@@ -429,40 +443,22 @@ class ZvfsOperations(pyfuse3.Operations):
             self.counters.pushed += 1
             self.counters.bytes_pushed += size
 
-    def _queue_drops(self, inodes: list[int]) -> None:
+    async def _drop(self, inodes: list[int]) -> None:
         """Inodes the kernel table let go of: their pages and attributes are invalidated in the
-        kernel by a worker thread (`_drop_queued`; a page invalidation waits for the page lock
-        a pending read may hold, which this loop answers meanwhile)."""
-        self._drops.extend(inodes)
-        if self._dropper is not None:
-            task, self._dropper = self._dropper, None
-            trio.lowlevel.reschedule(task)
-        elif not self._dropper_started:
-            self._dropper_started = True
-            trio.lowlevel.spawn_system_task(self._drop_queued)
+        kernel, in a worker thread (a page invalidation waits for the page lock a pending read
+        may hold, which this loop answers meanwhile)."""
 
-    async def _drop_queued(self) -> None:
-        def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
-            self._dropper = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        def drop(inodes: list[int]) -> None:
+        def drop() -> None:
             for ino in inodes:
                 try:
                     pyfuse3.invalidate_inode(ino, False)
                 except OSError:  # (the kernel no longer has it: nothing to drop)
                     pass
 
-        while True:
-            while self._drops:
-                batch = [self._drops.popleft() for _ in range(min(len(self._drops), 1024))]
-                try:
-                    await trio.to_thread.run_sync(drop, batch)
-                except Exception:  # noqa: BLE001 - a system task must not die (it would end the mount)
-                    log.exception("invalidating inodes failed")
-                self.kernel.dropped(batch)
-            self._dropper = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(abort)
+        try:
+            await trio.to_thread.run_sync(drop)
+        finally:
+            self.kernel.dropped(inodes)
 
     async def read(self, fh, off, size):
         """Hot path: no decorator frame. The bytes may be a view of the store's scratch buffer
