@@ -73,19 +73,34 @@ def write_sharded(path: Path, shape, chunks, shards, dtype="uint8", seed=0) -> N
 
 
 @contextmanager
-def mounted(src, options=(), what="zvfs"):
+def mounted(src, options=(), what="zvfs", code: Path | None = None):
+    """A zvfs mount of `src`; with `code`, of the zvfs in that checkout (`--also`)."""
     mnt = Path(tempfile.mkdtemp(prefix="zvfs-bench-"))
     cmd = [*ZVFS, "mount", str(src), str(mnt)] + (["-o", ",".join(options)] if options else [])
+    env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
     mount_s = time.perf_counter() - t
     pid = int(subprocess.run(["pgrep", "-f", f"zvfs mount {src} {mnt}"], capture_output=True, text=True).stdout.split()[0])
     try:
         yield mnt, pid, mount_s
     finally:
-        subprocess.run([*ZVFS, "umount", str(mnt)], check=False)
+        subprocess.run([*ZVFS, "umount", str(mnt)], check=False, env=env)
         subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
         os.rmdir(mnt)
+
+
+#: `--also REV`: a checkout of another commit, measured beside this one in the local section
+ALSO: tuple[str, Path] | None = None
+
+
+def checkout_of(rev: str, work: Path) -> tuple[str, Path]:
+    """A worktree of `rev` (kept in `work` between runs)."""
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True).stdout.strip()
+    path = work / f"rev-{sha}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), sha], check=True, capture_output=True)
+    return sha, path
 
 
 @contextmanager
@@ -162,7 +177,7 @@ def bench_local(work: Path, runs: int, quick: bool) -> list[dict]:
         backing, table = work / f"floor-{name.replace(' ', '')}.bin", work / f"floor-{name.replace(' ', '')}.tsv"
         floor_backing(copy, backing, table)
         for readers in (1, 4):
-            t = {"ext4": [], "zvfs": [], "floor": []}
+            t = {"ext4": [], "zvfs": [], "floor": [], **({"also": []} if ALSO else {})}
             rss = 0
             for _ in range(runs):
                 t["ext4"].append(read_all(copy, readers))
@@ -171,6 +186,9 @@ def bench_local(work: Path, runs: int, quick: bool) -> list[dict]:
                     rss = max(rss, peak_rss(pid))
                 with floor_mounted(backing, table) as (mnt, _, _):
                     t["floor"].append(read_all(mnt, readers))
+                if ALSO:
+                    with mounted(src, code=ALSO[1]) as (mnt, _, _):
+                        t["also"].append(read_all(mnt, readers))
             row = {"section": "local", "chunk": name, "files": count, "readers": readers, "rss_mib": rss >> 20,
                    **{k: median(v) for k, v in t.items()}}
             if readers == 1:
@@ -203,7 +221,8 @@ def fmt_local(r: dict) -> str:
         s += f" {r['tensorstore']:.3f} | {r['cat shards']:.3f} |"
     else:
         s += " | |"
-    return s + f" {r['rss_mib']} |"
+    s += f" {r['rss_mib']} |"
+    return s + (f" {r['also'] / r['floor']:.2f} |" if "also" in r else "")
 
 
 def bench_listing(work: Path, runs: int, quick: bool) -> list[dict]:
@@ -490,9 +509,15 @@ def main() -> None:
     ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views,precomputed")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--also", metavar="REV", help="local section: also the zvfs of commit REV, alternated with the others "
+                                                  "(a last column REV/floor)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    global ALSO
+    if args.also:
+        ALSO = checkout_of(args.also, work)
+        SECTIONS["local"][1].append(f"{ALSO[0]}/floor")
     sections = args.only.split(",")
     results = []
     print(f"zvfs benchmarks, medians of {args.runs} runs, {os.cpu_count()} cores")
