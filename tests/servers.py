@@ -385,3 +385,60 @@ class GCS:
         if self.proc:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+class ZvfsServe:
+    """`zvfs serve SOURCE --listen 127.0.0.1:0 ...` as a user runs it; `url` from the line it
+    prints once it listens; `stop()` sends SIGTERM and returns the exit status."""
+
+    def __init__(self, source, *args: str, log: Path | None = None):
+        import sys
+
+        self.cmd = [sys.executable, "-m", "zvfs", "serve", str(source), "--listen", "127.0.0.1:0", *args]
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 60) -> "ZvfsServe":
+        err = open(self.log, "wb") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=err)
+        line = b""
+        deadline = time.monotonic() + timeout
+        import select
+
+        while time.monotonic() < deadline and not line.endswith(b"\n"):
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                chunk = self.proc.stdout.read1(4096)  # type: ignore[union-attr]
+                if not chunk:
+                    break
+                line += chunk
+        if b" at http://" not in line:
+            self.proc.kill()
+            log = Path(self.log).read_text(errors="replace")[-2000:] if self.log else ""
+            raise RuntimeError(f"zvfs serve did not start: {line!r}\n{log}")
+        self.url = line.decode().strip().rsplit(" at ", 1)[1].rstrip("/")
+        return self
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self, timeout: float = 40) -> int:
+        import signal
+
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+    def __enter__(self) -> "ZvfsServe":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

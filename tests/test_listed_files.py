@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zvfs.tree import ListedFiles
+from zvfs.tree.nodes import ListedFiles
 
 
 class _File:

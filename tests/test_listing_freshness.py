@@ -12,7 +12,7 @@ import numpy as np
 import trio
 import zarr
 
-from zvfs.source import open_source
+from zvfs.core.source import open_source
 from zvfs.storage.cache import LISTING_MAX_AGE
 
 SHAPE, SHARD, INNER = (64, 64), (16, 16), (8, 8)  # 4 x 4 shards of 2 x 2 chunks: chunk grid 8 x 8

@@ -22,10 +22,10 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, TransposeCodec
 
+from zvfs.core.source import open_source
 from zvfs.errors import MetadataError
 from zvfs.formats import zarr3
 from zvfs.options import parse_options
-from zvfs.source import open_source
 
 SHAPE, SHARD, INNER = (48, 32, 40), (16, 16, 8), (4, 4, 4)  # chunk grid 12 x 8 x 10, shards of 4 x 4 x 2 chunks
 GRID = tuple(s // c for s, c in zip(SHAPE, INNER))

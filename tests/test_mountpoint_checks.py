@@ -19,13 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_zvfs, zvfs_mount
 from test_cli import _one_line
 from test_cli_surface import _autofs
 
 import zvfs
-from zvfs.mounting import check_mountpoint
+from zvfs.fronts.mounting import check_mountpoint
 from zvfs.options import MountOptions
 
 pytestmark = pytest.mark.mount

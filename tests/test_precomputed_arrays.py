@@ -26,13 +26,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import writers_precomputed as wp  # noqa: E402
+
 from zvfs.errors import CorruptShardError  # noqa: E402
 from zvfs.formats import precomputed as pc  # noqa: E402
 from zvfs.formats.array import ArrayModel  # noqa: E402
 from zvfs.formats.precomputed_array import volume_hierarchy  # noqa: E402
 from zvfs.storage.cache import CoalescingCache, decoded_size  # noqa: E402
 from zvfs.storage.local import LocalStore  # noqa: E402
-from zvfs.tree import RangeFile  # noqa: E402
+from zvfs.tree.nodes import RangeFile  # noqa: E402
 
 DATASETS = {ds.name: ds for ds in wp.array_datasets()}
 SCALES = wp.scales_of(DATASETS)

@@ -24,15 +24,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-
 import writers
 import writers_precomputed as W
 from test_views import n5_fortran, n5_path, zarr2_expressible
 from test_zarr_conformance import assert_same_array
+
 from zvfs import report
+from zvfs.core.source import open_source
 from zvfs.errors import MetadataError
 from zvfs.options import parse_options
-from zvfs.source import open_source
 
 ARRAY_VIEWS = ("zarr", "zarr2", "n5")
 

@@ -36,12 +36,27 @@ import shutil
 import stat
 import sys
 
-from .errors import CorruptShardError, MetadataError, OptionError, StorageError, ZvfsError
-from .mounting import ARGV_ENV, FSTYPE, check_log_target, check_mountpoint, fusermount, mount_at, shown, spawn_daemon
+from .errors import (
+    CorruptShardError,
+    MetadataError,
+    OptionError,
+    StorageError,
+    ZvfsError,
+)
+from .fronts.mounting import (
+    ARGV_ENV,
+    FSTYPE,
+    check_log_target,
+    check_mountpoint,
+    fusermount,
+    mount_at,
+    shown,
+    spawn_daemon,
+)
 from .names import View
 from .options import GENERIC, OWN, MountOptions, options_help, parse_options
 
-COMMANDS = ("mount", "umount", "ls", "cat", "inspect", "stats", "refresh", "doctor")
+COMMANDS = ("mount", "umount", "serve", "ls", "cat", "inspect", "stats", "refresh", "doctor")
 
 #: hidden control files the daemon answers at the mount root (found by name only, never listed)
 STATS_FILE = ".zvfs.stats"
@@ -235,6 +250,22 @@ def _parser() -> argparse.ArgumentParser:
     _mountpoint_arg(u)
     u.add_argument("-z", "--lazy", action="store_true", help="detach now, finish when no longer busy")
 
+    sv = sub.add_parser("serve", help="serve the view of SOURCE over HTTP (for readers that cannot mount)",
+                        description="Serve the view of SOURCE over HTTP until SIGTERM or SIGINT: GET and HEAD of every "
+                                    "file (Range, ETag, conditional requests), directories as JSON or HTML, "
+                                    "/.zvfs/ready, /.zvfs/health, /.zvfs/metrics (Prometheus) and /.zvfs/stats. Only what "
+                                    "the store lets everyone read is served. Prints its URL once it listens.")
+    _source_args(sv)
+    sv.add_argument("--listen", metavar="HOST:PORT", default="127.0.0.1:8080",
+                    help="address to listen on (default: 127.0.0.1:8080; port 0 picks a free one)")
+    sv.add_argument("--cors", metavar="ORIGIN", action="append", default=[],
+                    help="let web pages of ORIGIN read (repeatable; '*' for any). Default: none, since every page "
+                         "a browser opens could otherwise read what this server serves")
+    sv.add_argument("--max-age", metavar="SECONDS", type=int, default=0,
+                    help="seconds HTTP caches may keep a file without asking again (default 0: they revalidate, "
+                         "answered 304 while unchanged)")
+    sv.add_argument("--no-access-log", dest="access_log", action="store_false", help="do not log each request")
+
     ls = sub.add_parser("ls", help="list a directory of the virtual tree without mounting",
                         description="List PATH in the virtual tree of SOURCE (directories end in '/').")
     _source_args(ls)
@@ -322,7 +353,7 @@ def cmd_mount(args) -> int:
         opts.log_file = os.path.abspath(opts.log_file)
     check_mountpoint(mountpoint, source, opts)
     if args.foreground:
-        from .daemon import run_foreground
+        from .fronts.fuse_daemon import run_foreground
 
         return run_foreground(source, mountpoint, opts)
     child_argv = ["mount", source, mountpoint, *[a for o in args.options for a in ("-o", o)], "--foreground"]
@@ -333,6 +364,14 @@ def cmd_mount(args) -> int:
     env = {ARGV_ENV: json.dumps({"argv": child_argv, "helper": False})}
     status, error = spawn_daemon(source, mountpoint, opts, env)
     return _fail(error, status or 1) if error else 0
+
+
+def cmd_serve(args) -> int:
+    from .fronts.serve import run
+
+    if args.max_age < 0:
+        raise UsageError("--max-age: must be 0 or more")
+    return run(args.source, _mount_options(args), args.listen, args.cors, args.max_age, args.access_log)
 
 
 def _zvfs_mount_point(path: str) -> str:
@@ -464,7 +503,7 @@ async def _open(args):
     """The source of `ls`, `cat` and `inspect`, or a refusal as `mount` refuses it: anything that
     keeps a source from opening (missing, unreachable, not a store, bad metadata) is exit 2, so
     `zvfs inspect URL` and `zvfs mount URL DIR` agree. (The daemon words it the same way.)"""
-    from .source import open_source
+    from .core.source import open_source
 
     try:
         return await open_source(args.source, _mount_options(args))
@@ -476,19 +515,26 @@ async def _open(args):
 
 
 async def _ls(args) -> int:
+    from .core.paths import Paths
+
     src = await _open(args)
     try:
-        node = await src.tree.resolve(args.path)
-        if node is None:
+        paths = Paths(src)
+        try:
+            found = await paths.stat(args.path)
+            entries = await paths.listdir(args.path) if found.is_dir else [found]
+        except (FileNotFoundError, NotADirectoryError, ValueError):
             return _fail(f"{args.path}: no such file or directory", 1)
-        entries = await node.entries() if node.is_dir else [(args.path.rstrip("/").rsplit("/", 1)[-1], node)]
         out = []
-        for name, child in entries:
+        for entry in entries:
+            name = entry.name + ("/" if entry.is_dir else "")
             if args.long:
-                size = 0 if child.is_dir else await child.size()
-                out.append(f"{size:>12} {name}{'/' if child.is_dir else ''}")
+                size = entry.size
+                if size is None:  # (not known from the listing: the file says)
+                    size = (await paths.stat(f"{args.path}/{entry.name}")).size
+                out.append(f"{size:>12} {name}")
             else:
-                out.append(name + ("/" if child.is_dir else ""))
+                out.append(name)
         if out:
             print("\n".join(out))
         return 0
@@ -497,21 +543,21 @@ async def _ls(args) -> int:
 
 
 async def _cat(args) -> int:
+    from .core.paths import Paths
+
     src = await _open(args)
     try:
-        node = await src.tree.resolve(args.path)
-        if node is None:
-            return _fail(f"{args.path}: no such file or directory", 1)
-        if node.is_dir:
-            return _fail(f"{args.path}: is a directory", 1)
-        handle = await node.open()  # a snapshot, as a mount's open
         try:
-            size, step, out = handle.size if handle.size is not None else await node.size(), 1 << 20, sys.stdout.buffer
-            for off in range(0, size, step):
-                out.write(await handle.read(off, step))
+            opened = await Paths(src).open(args.path)  # a snapshot, as a mount's open
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            return _fail(f"{args.path}: no such file or directory", 1)
+        except IsADirectoryError:
+            return _fail(f"{args.path}: is a directory", 1)
+        async with opened:
+            step, out = 1 << 20, sys.stdout.buffer
+            for off in range(0, opened.size, step):
+                out.write(await opened.read(off, step))
             out.flush()
-        finally:
-            handle.release()
         return 0
     finally:
         await src.store.aclose()
@@ -559,7 +605,7 @@ def _run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     where = shown(getattr(args, "source", None) or getattr(args, "mountpoint", None) or "zvfs")
     try:
-        if args.command in ("mount", "umount", "stats", "refresh", "doctor"):
+        if args.command in ("mount", "umount", "serve", "stats", "refresh", "doctor"):
             return globals()[f"cmd_{args.command}"](args)
         import trio
 

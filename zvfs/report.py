@@ -12,14 +12,14 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Awaitable, Callable, NamedTuple
 
+from .core.kinds import KINDS
 from .errors import CorruptShardError, ShardChanged, StorageError
 from .formats import precomputed, zvf
 from .formats.zarr3 import EMPTY, META, ArrayNode, ShardedArray, child_path
-from .kinds import KINDS
 from .storage.base import Store
 
 if TYPE_CHECKING:
-    from .source import OpenSource
+    from .core.source import OpenSource
 
 #: what one damaged shard raises; inspect lists it in its array's section and goes on
 SHARD_PROBLEMS = (CorruptShardError, ShardChanged, StorageError)

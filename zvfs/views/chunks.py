@@ -19,10 +19,22 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.array import ChunkSource, ChunkTableLike as ChunkTable, distinct
+from ..formats.array import ChunkSource, distinct
+from ..formats.array import ChunkTableLike as ChunkTable
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, parse_coord
-from ..tree import NO_STAMP, Dir, File, InodeRange, Node, Rows, Stamp, Tree, grid_block_sizes, stamp_of
+from ..tree.nodes import (
+    NO_STAMP,
+    Dir,
+    File,
+    InodeRange,
+    Node,
+    Rows,
+    Stamp,
+    Tree,
+    grid_block_sizes,
+    stamp_of,
+)
 
 #: (inode, where the chunk's bytes are (None: a fill block), grid coords) -> the file
 MakeFile = Callable[[int, "ChunkRef | None", tuple[int, ...]], File]

@@ -18,7 +18,7 @@ from ..formats.array import ArrayModel, ChunkSource, GroupModel, Hierarchy
 from ..formats.zarr3 import child_path
 from ..storage.base import Entry, Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, Node, Stamp, Tree, stamp_of
+from ..tree.nodes import BytesFile, Dir, Node, Stamp, Tree, stamp_of
 from .chunks import ChunkSpace, Layout, MakeFile
 
 if TYPE_CHECKING:

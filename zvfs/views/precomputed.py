@@ -28,12 +28,34 @@ import numpy as np
 
 from ..errors import CorruptShardError, StorageError
 from ..formats.chunkref import ChunkRef
-from ..formats.precomputed import (INFO, MAX_DECODED, Dataset, ShardedDir, ShardedKV, manifest_fragment_bytes, morton_bits, morton_decode,
-                                   morton_encode, unsharded_info, volume_chunk_limit)
+from ..formats.precomputed import (
+    INFO,
+    MAX_DECODED,
+    Dataset,
+    ShardedDir,
+    ShardedKV,
+    manifest_fragment_bytes,
+    morton_bits,
+    morton_decode,
+    morton_encode,
+    unsharded_info,
+    volume_chunk_limit,
+)
 from ..storage.base import Entry, Store, Version, proof
 from ..storage.cache import CoalescingCache
-from ..handles import read_ref
-from ..tree import BytesFile, Dir, InodeRange, Node, RangeFile, Rows, Stamp, StoreDir, Tree, stamp_of
+from ..tree.handles import read_ref
+from ..tree.nodes import (
+    BytesFile,
+    Dir,
+    InodeRange,
+    Node,
+    RangeFile,
+    Rows,
+    Stamp,
+    StoreDir,
+    Tree,
+    stamp_of,
+)
 from .chunks import parse_coord
 
 log = logging.getLogger("zvfs.view.precomputed")

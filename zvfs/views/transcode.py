@@ -30,12 +30,19 @@ import numpy as np
 from ..errors import CorruptShardError
 from ..formats.array import ArrayModel
 from ..formats.chunkref import ChunkRef
-from ..formats.codecs import COMPRESSORS, Chain, DecodeError, compressor, decode_step, fill_value, name_of
-from ..storage.base import Store
+from ..formats.codecs import (
+    COMPRESSORS,
+    Chain,
+    DecodeError,
+    compressor,
+    decode_step,
+    fill_value,
+    name_of,
+)
+from ..storage.base import Pin, Store
 from ..storage.cache import CoalescingCache
-from ..handles import BytesHandle, Handle, RangeHandle, read_ref
-from ..storage.base import Pin
-from ..tree import File, RangeFile
+from ..tree.handles import BytesHandle, Handle, RangeHandle, read_ref
+from ..tree.nodes import File, RangeFile
 from .hierarchy import NotExpressible
 
 log = logging.getLogger("zvfs.view")

@@ -35,7 +35,15 @@ import struct
 
 from ..formats.array import ArrayModel, ChunkSource, ChunkTableLike, GroupModel
 from ..formats.chunkref import ChunkRef
-from ..formats.codecs import BLOSC_SHUFFLE, COMPRESSORS, VLEN, Chain, config_of, fill_value_json, name_of
+from ..formats.codecs import (
+    BLOSC_SHUFFLE,
+    COMPRESSORS,
+    VLEN,
+    Chain,
+    config_of,
+    fill_value_json,
+    name_of,
+)
 from ..formats.zarr3 import ChunkKeyEncoding
 from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible

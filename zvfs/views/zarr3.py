@@ -20,10 +20,28 @@ from typing import Callable
 
 from ..formats.array import ArrayModel, GroupModel, Hierarchy
 from ..formats.codecs import Chain, fill_value_json, name_of
-from ..formats.zarr3 import META, ArrayNode, ChunkKeyEncoding, GroupNode, ShardedArray, child_path, parse_array
+from ..formats.zarr3 import (
+    META,
+    ArrayNode,
+    ChunkKeyEncoding,
+    GroupNode,
+    ShardedArray,
+    child_path,
+    parse_array,
+)
 from ..storage.base import Entry, Store
 from ..storage.cache import CoalescingCache
-from ..tree import BytesFile, Dir, Node, PassDir, RangeFile, Rows, Stamp, Tree, stamp_of
+from ..tree.nodes import (
+    BytesFile,
+    Dir,
+    Node,
+    PassDir,
+    RangeFile,
+    Rows,
+    Stamp,
+    Tree,
+    stamp_of,
+)
 from .chunks import ChunkSpace, Layout
 from .hierarchy import HierarchyView, NotExpressible
 from .transcode import Encoding, zarr_encoding

@@ -12,11 +12,11 @@ import hashlib
 from typing import Iterable
 
 from ..formats.array import Hierarchy
+from ..formats.chunkref import ChunkRef
 from ..formats.zvf import ObjectReader, ZvfLevel, find_levels, npy_header
 from ..storage.cache import CoalescingCache
-from ..formats.chunkref import ChunkRef
-from ..handles import BytesHandle, Handle, read_ref
-from ..tree import File, ListedDir, Node, Stamp
+from ..tree.handles import BytesHandle, Handle, read_ref
+from ..tree.nodes import File, ListedDir, Node, Stamp
 from .chunks import parse_coord
 from .zarr3 import Zarr3View
 

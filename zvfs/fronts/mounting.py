@@ -28,9 +28,9 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from .errors import MetadataError, OptionError
-from .options import MountOptions
-from .storage.urls import redact
+from ..errors import MetadataError, OptionError
+from ..options import MountOptions
+from ..storage.urls import redact
 
 log = logging.getLogger("zvfs")
 

@@ -6,20 +6,19 @@ kernel on top. `open_source(src)` with default options is a plain library call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import MetadataError
-from .formats.array import Hierarchy
-from .formats.jsonfile import read_metadata
-from .fuse_ops import Control
+from ..errors import MetadataError
+from ..formats.array import Hierarchy
+from ..formats.jsonfile import read_metadata
+from ..options import MountOptions, resolve_caches, storage_options
+from ..storage import Store
+from ..storage.cache import CoalescingCache, decoded_size
+from ..storage.local import LocalStore
+from ..storage.open import open_store
+from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
-from .options import MountOptions, resolve_caches, storage_options
-from .storage import Store
-from .storage.open import open_store
-from .storage.cache import CoalescingCache, decoded_size
-from .storage.local import LocalStore
-from .tree import Stamp, Tree
 
 
 @dataclass
@@ -34,6 +33,7 @@ class OpenSource:
     absent: dict | None = None  # what the view leaves out (arrays it cannot express, parts with no array form) -> why
     decoded: CoalescingCache | None = None
     listings: CoalescingCache | None = None
+    options: MountOptions = field(default_factory=MountOptions)
 
     @property
     def entry(self) -> Kind:
@@ -59,7 +59,7 @@ class OpenSource:
 
     def stats(self) -> dict:
         """Live figures of the store and the caches (`zvfs stats`)."""
-        from . import __version__  # (looked up when asked: see zvfs/__init__.py)
+        from .. import __version__  # (looked up when asked: see zvfs/__init__.py)
 
         out = {"zvfs_version": __version__, "source": self.store.display, "view": self.view,
                "backend_requests": 0, "backend_bytes": 0, "retries": 0, "caches": {}}
@@ -83,14 +83,13 @@ class OpenSource:
         if isinstance(self.store, LocalStore):
             self.store.forget_directories()
 
-    def control(self) -> Control:
-        return Control(stats=self.stats, refresh=self.refresh)
 
-
-async def open_source(source: str, opts: MountOptions | None = None) -> OpenSource:
+async def open_source(source: str, opts: MountOptions | None = None, storage: dict | None = None) -> OpenSource:
+    """`storage`: fsspec options for a URL's backend, laid over the ones zvfs picks (the fsspec
+    front's target options)."""
     opts = resolve_caches(opts or MountOptions())
     protocol = source.split("://", 1)[0] if "://" in source else "file"
-    store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts),
+    store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts) | (storage or {}),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout)
     source = store.display  # from here on, only the redacted form is ever shown
@@ -108,7 +107,7 @@ async def open_source(source: str, opts: MountOptions | None = None) -> OpenSour
         await dress(opened, loaded)
         shown = show(kind, view, opened, loaded, source)
         return OpenSource(store, kind.name, view, shown.tree, opened.cache, loaded.meta, loaded.arrays, shown.absent or None,
-                          opened.decoded, opened.listings)
+                          opened.decoded, opened.listings, opts)
     except BaseException:
         await store.aclose()
         raise

@@ -15,96 +15,22 @@ import logging.handlers
 import os
 import signal
 import socket
-import sys
 
 import pyfuse3
 import trio
 
-from .errors import MetadataError, ZvfsError
-from .fuse_ops import ZvfsOperations, kernel_table
+from ..core.shown import Shown
+from ..core.source import open_source
+from ..errors import MetadataError, ZvfsError
+from ..logs import Logs
+from ..options import MountOptions
+from ..storage.urls import redact
+from .fuse import ZvfsOperations, kernel_table
 from .mounting import READY_FD_ENV, check_mountpoint, shown
-from .options import MountOptions
-from .source import open_source
-from .storage.urls import redact
 
 log = logging.getLogger("zvfs")
 
 FUSECTL = "/sys/fs/fuse/connections"
-SYSLOG = "/dev/log"
-
-
-# --------------------------------------------------------------------------- logs
-
-#: journald's priority prefixes (sd-daemon(3)) by logging level
-_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
-_TIMESTAMPED = "%(asctime)s zvfs[%(process)d] %(levelname)s %(name)s: %(message)s"
-
-
-class _JournalFormatter(logging.Formatter):
-    """`<3>message`: journald reads the priority from the prefix and adds its own timestamps."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"<{_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
-
-
-def _stderr_is_journal() -> bool:
-    """systemd sets JOURNAL_STREAM to the device:inode of the stream it connected to stderr."""
-    stream = os.environ.get("JOURNAL_STREAM")
-    if not stream:
-        return False
-    st = os.fstat(2)
-    return stream == f"{st.st_dev}:{st.st_ino}"
-
-
-class Logs:
-    """Where the daemon's log goes: `log=FILE` (reopened after logrotate), else stderr in the
-    foreground (journald's priority prefixes under systemd), else syslog (journald on systemd
-    machines), which is where administrators look for a background daemon."""
-
-    def __init__(self, opts: MountOptions, background: bool):
-        self.file = opts.log_file
-        self.background = background
-        handler: logging.Handler
-        if self.file:
-            handler = logging.handlers.WatchedFileHandler(self.file)
-            handler.setFormatter(logging.Formatter(_TIMESTAMPED))
-        elif background:
-            handler = logging.handlers.SysLogHandler(SYSLOG, facility=logging.handlers.SysLogHandler.LOG_DAEMON)
-            handler.setFormatter(logging.Formatter("zvfs[%(process)d]: %(levelname)s %(name)s: %(message)s"))
-        elif _stderr_is_journal():
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
-        else:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter(_TIMESTAMPED))
-        self.handler = handler
-        logging.raiseExceptions = False  # a log that cannot be written (no syslog) never disturbs the mount
-        root = logging.getLogger("zvfs")
-        root.handlers[:] = [handler]
-        root.setLevel(logging.DEBUG if opts.debug else logging.INFO)
-        root.propagate = False
-
-    def detach(self) -> None:
-        """Once the mount is live, a background daemon's standard streams leave the parent:
-        stdin/stdout to /dev/null, stderr (libfuse writes there) to the log file or /dev/null."""
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for std in (0, 1):
-            os.dup2(devnull, std)
-        os.close(devnull)
-        self._stderr_to_file()
-
-    def _stderr_to_file(self) -> None:
-        fd = os.open(self.file or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-
-    def reopen(self) -> None:
-        """SIGHUP: reopen a log file that logrotate moved away."""
-        if isinstance(self.handler, logging.handlers.WatchedFileHandler):
-            self.handler.reopenIfNeeded()
-            if self.background:
-                self._stderr_to_file()
-            log.info("log reopened on SIGHUP")
 
 
 # --------------------------------------------------------------------------- serving
@@ -180,8 +106,8 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
-            ops = ZvfsOperations(opened.tree, opened.control(), opened.root, opts.uid, opts.gid, opts.umask,
-                                 push_ahead=opts.readahead if opened.local else 0,
+            ops = ZvfsOperations(opened.tree, Shown(opened.root, opts.uid, opts.gid, opts.umask), opened.stats,
+                                 opened.refresh, push_ahead=opts.readahead if opened.local else 0,
                                  kernel_kept=kernel_table(opts))
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True

@@ -26,16 +26,24 @@ import stat
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import pyfuse3
 import trio
 
-from .errors import CorruptShardError, Gone, ShardChanged, Stale, StorageError, first_time
+from ..core.shown import Shown
+from ..errors import (
+    CorruptShardError,
+    Gone,
+    ShardChanged,
+    Stale,
+    StorageError,
+    first_time,
+)
+from ..tree.handles import BytesHandle, Handle
+from ..tree.nodes import ROOT_INO, File, Node, Stamp, Tree
 from .fuse_kernel import KernelCache
-from .handles import BytesHandle, Handle
-from .tree import ROOT_INO, File, Node, Stamp, Tree
 
 log = logging.getLogger("zvfs.fuse")
 
@@ -82,15 +90,6 @@ class Counters:
     changed: int = 0  # opens that found another version than the kernel held (its pages dropped)
     pushed: int = 0  # files whose bytes were put in the kernel's cache ahead of their open
     bytes_pushed: int = 0
-
-
-@dataclass
-class Control:
-    """The mount's live figures and its refresh, as the FUSE front reaches them."""
-
-    stats: Callable[[], dict] = dict
-    refresh: Callable[[], None] = lambda: None
-    counters: Counters = field(default_factory=Counters)
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -174,28 +173,17 @@ class _Open:
 
 
 class ZvfsOperations(pyfuse3.Operations):
-    def __init__(self, tree: Tree, control: Control | None = None, root: Stamp | None = None,
-                 uid: int | None = None, gid: int | None = None, umask: int | None = None,
-                 push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT):
+    def __init__(self, tree: Tree, shown: Shown | None = None, stats: Callable[[], dict] = dict,
+                 refresh: Callable[[], None] = lambda: None, push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT):
         super().__init__()
         self.tree = tree
-        self.control = control or Control()
-        self.counters = self.control.counters
+        #: bits, owners and times shown (core/shown.py)
+        self.shown = shown or Shown()
+        #: the source's live figures and its refresh (`zvfs stats`, `zvfs refresh`)
+        self.source_stats, self.source_refresh = stats, refresh
+        self.counters = Counters()
         #: the mount's owner: the control files answer it and root only
         self.owner = os.getuid()
-        #: `uid=`, `gid=`: shown for every node; otherwise each node's own (the store's, where
-        #: it says), else the store root's (local stores), else the daemon's
-        self.uid, self.gid = uid, gid
-        root = root or Stamp()
-        self.default_uid = os.getuid() if root.uid is None else root.uid
-        self.default_gid = os.getgid() if root.gid is None else root.gid
-        self.stamp_ns = time.time_ns()
-        #: permission bits of nodes that have none of their own: the store root's as a reader
-        #: sees them (local stores), so nothing is shown wider than the store
-        self.mask = 0o555 if root.mode is None else root.mode & 0o555
-        #: an administrator's `umask=`: every node gets 0555/0444 less these bits, whatever the
-        #: store's own bits (the way to share a store that is closed to others, on purpose)
-        self.umask = umask
         self._open: dict[int, _Open] = {}  # file handle -> open file: reads need no lookup
         self._dirs: dict[int, tuple] = {}  # dir handle -> (node, its rows, the window of rows at hand: start, lists)
         self._next_fh = 1
@@ -207,14 +195,6 @@ class ZvfsOperations(pyfuse3.Operations):
         #: (`_push_ahead_of`), 0 for none; files to push once their opens answered
         self.push_ahead = push_ahead
         self._pushes = _Parked(self._push_later, "pushing files ahead")
-
-    def _perm(self, is_dir: bool, mode: int | None) -> int:
-        """Permission bits shown: never a write bit, never exec on files, never wider than the
-        store's own (unless `umask=` says otherwise)."""
-        top = 0o555 if is_dir else 0o444
-        if self.umask is not None:
-            return top & ~self.umask
-        return top & (self.mask if mode is None else mode)
 
     def _fail(self, e: BaseException) -> int:
         code = _errno_of(e)
@@ -229,8 +209,7 @@ class ZvfsOperations(pyfuse3.Operations):
         return node
 
     def _owner(self, a: pyfuse3.EntryAttributes, stamp: Stamp) -> None:
-        a.st_uid = self.uid if self.uid is not None else self.default_uid if stamp.uid is None else stamp.uid
-        a.st_gid = self.gid if self.gid is not None else self.default_gid if stamp.gid is None else stamp.gid
+        a.st_uid, a.st_gid = self.shown.owner(stamp)
 
     async def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
         """Attributes, as the kernel is told them (recorded: fuse_kernel.py)."""
@@ -239,12 +218,12 @@ class ZvfsOperations(pyfuse3.Operations):
         a.attr_timeout = TIMEOUT
         stamp = node.stamp()
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | self._perm(True, stamp.mode)
+            a.st_mode = stat.S_IFDIR | self.shown.mode(True, stamp.mode)
             a.st_nlink = 2
             a.st_size = 0
         else:
             assert isinstance(node, File)
-            a.st_mode = stat.S_IFREG | self._perm(False, stamp.mode)
+            a.st_mode = stat.S_IFREG | self.shown.mode(False, stamp.mode)
             a.st_nlink = 1
             token = node.token()
             held = self.kernel.size_for(node.ino, token)
@@ -256,7 +235,7 @@ class ZvfsOperations(pyfuse3.Operations):
         self._owner(a, stamp)
         a.st_blksize = BLKSIZE
         a.st_blocks = (a.st_size + 511) // 512
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.shown.mtime_ns(stamp)
         a.entry_timeout = TIMEOUT
         a.generation = 0
         return a
@@ -328,11 +307,11 @@ class ZvfsOperations(pyfuse3.Operations):
             a.st_ino = ino
             st_mode = shown.get((is_dir, stamp.mode))
             if st_mode is None:
-                st_mode = shown[(is_dir, stamp.mode)] = (stat.S_IFDIR if is_dir else stat.S_IFREG) | self._perm(is_dir, stamp.mode)
+                st_mode = shown[(is_dir, stamp.mode)] = (stat.S_IFDIR if is_dir else stat.S_IFREG) | self.shown.mode(is_dir, stamp.mode)
             a.st_mode = st_mode
             if stamp is not last_stamp:  # (a shard's files share one: times and owner set once per shard)
                 last_stamp = stamp
-                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
+                a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.shown.mtime_ns(stamp)
                 self._owner(a, stamp)
             if is_dir:
                 a.st_nlink, a.st_size, a.attr_timeout = 2, 0, TIMEOUT
@@ -489,7 +468,7 @@ class ZvfsOperations(pyfuse3.Operations):
             self.refresh()
             content = {"refreshed": True}
         else:
-            content = {**self.control.stats(), **{k: v for k, v in vars(self.counters).items()}}
+            content = {**self.source_stats(), **vars(self.counters)}
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         data = (json.dumps(content, indent=2) + "\n").encode()
         self._open[fh] = _Open(inode, BytesHandle(data, None))
@@ -499,7 +478,7 @@ class ZvfsOperations(pyfuse3.Operations):
         """`zvfs refresh`: drop every cache, forget listings, and make the kernel look
         everything up again (its entries under the root are invalidated, which prunes the
         whole cached tree below them)."""
-        self.control.refresh()
+        self.source_refresh()
         self.tree.forget_listings()
         self.kernel.clear()
         trio.lowlevel.spawn_system_task(self._invalidate_root)

@@ -17,21 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from .errors import MetadataError
-from .formats import precomputed, precomputed_array, zarr3, zvf
-from .formats.array import ArrayModel, Hierarchy
-from .formats.jsonfile import parse_json_object
-from .names import StoreKind, View
-from .storage import Entry, Store
-from .storage.cache import CoalescingCache
-from .storage.gather import gather
-from .tree import Tree
-from .views.hierarchy import HierarchyView
-from .views.n5 import N5View
-from .views.precomputed import PrecomputedView
-from .views.zarr2 import Zarr2View
-from .views.zarr3 import ModelZarr3View, Zarr3View
-from .views.zvf import ZvfObjects
+from ..errors import MetadataError
+from ..formats import precomputed, precomputed_array, zarr3, zvf
+from ..formats.array import ArrayModel, Hierarchy
+from ..formats.jsonfile import parse_json_object
+from ..names import StoreKind, View
+from ..storage import Entry, Store
+from ..storage.cache import CoalescingCache
+from ..storage.gather import gather
+from ..tree.nodes import Tree
+from ..views.hierarchy import HierarchyView
+from ..views.n5 import N5View
+from ..views.precomputed import PrecomputedView
+from ..views.zarr2 import Zarr2View
+from ..views.zarr3 import ModelZarr3View, Zarr3View
+from ..views.zvf import ZvfObjects
 
 
 @dataclass

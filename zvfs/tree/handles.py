@@ -19,11 +19,11 @@ import dataclasses
 import logging
 from typing import Hashable
 
-from .errors import CorruptShardError, ShardChanged
-from .formats.chunkref import ChunkRef
-from .formats.codecs import decode_step
-from .storage.base import Pin, Store, version_token
-from .storage.cache import CoalescingCache
+from ..errors import CorruptShardError, ShardChanged
+from ..formats.chunkref import ChunkRef
+from ..formats.codecs import decode_step
+from ..storage.base import Pin, Store, version_token
+from ..storage.cache import CoalescingCache
 
 log = logging.getLogger("zvfs.handles")
 

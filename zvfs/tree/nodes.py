@@ -29,12 +29,12 @@ from typing import Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
-from .errors import Gone, Stale
-from .formats.chunkref import ChunkRef
-from .formats.codecs import decode_step
+from ..errors import Gone, Stale
+from ..formats.chunkref import ChunkRef
+from ..formats.codecs import decode_step
+from ..storage.base import Entries, Entry, Store, Version
+from ..storage.cache import CoalescingCache
 from .handles import BytesHandle, Handle, PassHandle, RangeHandle, read_ref
-from .storage.base import Entries, Entry, Store, Version
-from .storage.cache import CoalescingCache
 
 log = logging.getLogger("zvfs.tree")
 

@@ -1,0 +1,360 @@
+"""`zvfs serve` as HTTP clients see it: files, ranges, validators, errors, paths that try to get
+out, what the store does not let everyone read, the server's own endpoints, SIGTERM.
+
+The store is written by zarr-python 3 (uncompressed uint8 chunks inside shards: a chunk file's
+bytes are the array's values in C order, so every answer is checked against numpy slices of
+the original, not against zvfs). Requests go over real sockets to the server process.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from servers import ZvfsServe
+
+SHAPE, SHARD, CHUNK = (64, 96), (32, 32), (16, 16)
+
+
+def _write(root: Path, seed: int = 1) -> np.ndarray:
+    data = np.random.default_rng(seed).integers(0, 255, SHAPE, dtype=np.uint8)
+    data[32:, 64:] = 0  # one shard all fill value: zarr-python writes no shard there
+    g = zarr.open_group(root, mode="w", zarr_format=3)
+    a = g.create_array("img", shape=SHAPE, chunks=CHUNK, shards=SHARD, dtype="uint8", compressors=None, fill_value=0)
+    a[:] = data
+    return data
+
+
+def _chunk(data: np.ndarray, i: int, j: int) -> bytes:
+    return data[i * 16:(i + 1) * 16, j * 16:(j + 1) * 16].tobytes()
+
+
+@pytest.fixture(scope="module")
+def served():
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="zvfs-public-", dir="/tmp"))  # (pytest's own are 0700: nothing public)
+    base.chmod(0o755)
+    root = base / "store.zarr"
+    data = _write(root)
+    (root / "notes").mkdir()
+    (root / "notes" / "readme.txt").write_text("hello\n")
+    (root / "private").mkdir(mode=0o700)
+    (root / "private" / "secret.txt").write_text("secret\n")
+    (root / "closed.txt").write_text("closed\n")
+    os.chmod(root / "closed.txt", 0o600)
+    os.symlink("/etc/passwd", root / "notes" / "passwd")
+    try:
+        with ZvfsServe(root, log=base / "serve.log") as server:
+            yield server, root, data
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _get(url_or_server, path: str, headers: dict | None = None, method: str = "GET"):
+    """One request with `path` sent exactly as given; (status, headers, body)."""
+    url = url_or_server.url if hasattr(url_or_server, "url") else url_or_server
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def test_every_chunk_file_is_the_original_chunk(served):
+    server, _, data = served
+    for i in range(SHAPE[0] // 16):
+        for j in range(SHAPE[1] // 16):
+            status, headers, body = _get(server, f"/img/c/{i}/{j}")
+            if i >= 2 and j >= 4:
+                assert status == 404, (i, j)  # never written: readers use the fill value
+                continue
+            assert status == 200, (i, j, body[:100])
+            assert body == _chunk(data, i, j)
+            assert int(headers["content-length"]) == len(body) == 256
+            assert headers["accept-ranges"] == "bytes"
+
+
+def test_head_says_what_get_sends(served):
+    server, _, data = served
+    s1, h1, b1 = _get(server, "/img/c/1/2", method="HEAD")
+    s2, h2, b2 = _get(server, "/img/c/1/2")
+    assert (s1, s2) == (200, 200) and b1 == b"" and b2 == _chunk(data, 1, 2)
+    for k in ("content-length", "etag", "last-modified", "content-type"):
+        assert h1[k] == h2[k], k
+
+
+def test_ranges_random(served):
+    server, _, data = served
+    rnd = random.Random(5)
+    whole = _chunk(data, 0, 1)
+    n = len(whole)
+    for _ in range(150):
+        kind = rnd.choice(["closed", "open", "suffix", "past"])
+        a = rnd.randrange(0, n + 20)
+        b = a + rnd.randrange(0, 300)
+        spec = {"closed": f"{a}-{b}", "open": f"{a}-", "suffix": f"-{rnd.randrange(0, n + 50)}", "past": f"{n + a}-"}[kind]
+        status, headers, body = _get(server, "/img/c/0/1", {"Range": f"bytes={spec}"})
+        if kind == "suffix":
+            k = int(spec[1:])
+            if k == 0:
+                assert status == 416, spec
+                continue
+            start, stop = max(0, n - k), n
+        else:
+            start = a if kind != "past" else n + a
+            stop = n if kind in ("open", "past") else min(b + 1, n)
+        if start >= n:
+            assert status == 416 and headers["content-range"] == f"bytes */{n}", spec
+            continue
+        assert status == 206, spec
+        assert body == whole[start:stop], spec
+        assert headers["content-range"] == f"bytes {start}-{stop - 1}/{n}", spec
+        assert int(headers["content-length"]) == stop - start
+
+
+@pytest.mark.parametrize("spec", ["bytes=0-1,5-9", "bytes=abc", "bytes=9-2", "items=0-4", "bytes="])
+def test_ranges_that_get_the_whole_file(served, spec):
+    server, _, data = served
+    status, _, body = _get(server, "/img/c/0/0", {"Range": spec})
+    assert status == 200 and body == _chunk(data, 0, 0)
+
+
+def test_validators(served):
+    server, _, data = served
+    _, h, _ = _get(server, "/img/c/0/0")
+    tag, modified = h["etag"], h["last-modified"]
+    assert tag.startswith('"') and tag.endswith('"')
+    assert _get(server, "/img/c/0/0", {"If-None-Match": tag})[0] == 304
+    assert _get(server, "/img/c/0/0", {"If-None-Match": f'"x", W/{tag}'})[0] == 304
+    assert _get(server, "/img/c/0/0", {"If-None-Match": '"other"'})[0] == 200
+    assert _get(server, "/img/c/0/0", {"If-Modified-Since": modified})[0] == 304
+    assert _get(server, "/img/c/0/0", {"If-Modified-Since": "Thu, 01 Jan 1970 00:00:00 GMT"})[0] == 200
+    status, _, body = _get(server, "/img/c/0/0", {"Range": "bytes=0-9", "If-Range": tag})
+    assert status == 206 and body == _chunk(data, 0, 0)[:10]
+    status, _, body = _get(server, "/img/c/0/0", {"Range": "bytes=0-9", "If-Range": '"stale"'})
+    assert status == 200 and body == _chunk(data, 0, 0)
+    # chunks of one shard have one version but different places: different tags
+    assert _get(server, "/img/c/0/1")[1]["etag"] != tag
+
+
+def test_listings(served):
+    server, _, _ = served
+    status, h, body = _get(server, "/img/c/0/")
+    assert status == 200 and h["content-type"] == "application/json"
+    names = [e["name"] for e in json.loads(body)["entries"]]
+    assert names == [str(j) for j in range(6)]
+    status, h, body = _get(server, "/", {"Accept": "text/html,application/xhtml+xml"})
+    assert status == 200 and h["content-type"].startswith("text/html")
+    assert b'href="/img"' in body and b"zarr.json" in body
+
+
+def test_paths_that_try_to_get_out(served):
+    server, _, _ = served
+    passwd = Path("/etc/passwd").read_bytes()[:20]
+    attempts = ["/../../../../etc/passwd", "/img/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/img/%2E%2E/zarr.json",
+                "/img/./zarr.json", "//etc/passwd", "/img/zarr.json%00.png", "/" + "x" * 300, "/img/" + "a/" * 2100,
+                "/notes/passwd", "/%2fetc%2fpasswd", "/..%2f..%2fetc%2fpasswd", "/img/c/0/0%00"]
+    for path in attempts:
+        status, _, body = _get(server, path)
+        assert status in (400, 403, 404), (path, status)
+        assert passwd not in body, path
+    # the server still serves
+    assert _get(server, "/img/zarr.json")[0] == 200
+
+
+def test_only_what_everyone_may_read(served):
+    server, _, _ = served
+    assert _get(server, "/notes/readme.txt")[2] == b"hello\n"
+    assert _get(server, "/private/secret.txt")[0] == 403
+    assert _get(server, "/private/")[0] == 403
+    assert _get(server, "/closed.txt")[0] == 403
+
+
+def test_damaged_shard_is_a_short_5xx_not_cached(public_tmp):
+    root = public_tmp / "store.zarr"
+    _write(root)
+    shard = root / "img" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-20:] = b"\xff" * 20  # the index's crc no longer matches
+    shard.write_bytes(bytes(raw))
+    with ZvfsServe(root, log=public_tmp / "serve.log") as server:
+        status, h, body = _get(server, "/img/c/0/0")
+        assert 500 <= status < 600
+        assert h["cache-control"] == "no-store"
+        assert body.count(b"\n") == 1 and b"Traceback" not in body
+        assert _get(server, "/img/c/0/2")[0] == 200  # other shards are served
+
+
+def test_cors(served, tmp_path):
+    server, root, _ = served
+    _, h, _ = _get(server, "/img/zarr.json", {"Origin": "https://viewer.example"})
+    assert "access-control-allow-origin" not in h  # off by default
+    with ZvfsServe(root, "--cors", "https://viewer.example", log=tmp_path / "serve.log") as s2:
+        _, h, _ = _get(s2, "/img/zarr.json", {"Origin": "https://viewer.example"})
+        assert h["access-control-allow-origin"] == "https://viewer.example"
+        assert "content-range" in h["access-control-expose-headers"].lower()
+        _, h, _ = _get(s2, "/img/zarr.json", {"Origin": "https://other.example"})
+        assert "access-control-allow-origin" not in h
+        status, h, _ = _get(s2, "/img/c/0/0", {"Origin": "https://viewer.example", "Access-Control-Request-Method": "GET",
+                                              "Access-Control-Request-Headers": "range"}, method="OPTIONS")
+        assert status == 204 and "range" in h["access-control-allow-headers"].lower()
+
+
+def test_endpoints(served):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server, _, _ = served
+    assert _get(server, "/.zvfs/health")[0] == 200
+    assert _get(server, "/.zvfs/ready")[0] == 200
+    before = json.loads(_get(server, "/.zvfs/stats")[2])
+    _get(server, "/img/c/0/0")
+    after = json.loads(_get(server, "/.zvfs/stats")[2])
+    assert after["bytes_served"] - before["bytes_served"] == 256
+    status, h, body = _get(server, "/.zvfs/metrics")
+    assert status == 200 and h["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    codes = {s.labels["code"]: s.value for s in families["zvfs_http_requests"].samples if s.name.endswith("_total")}
+    assert codes["200"] >= 1
+
+
+def test_sigterm_drains_requests_in_flight(public_tmp):
+    root = public_tmp / "store.zarr"
+    _write(root)
+    big = os.urandom(48 << 20)
+    (root / "big.bin").write_bytes(big)
+    server = ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log").start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        sock.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = bytearray(sock.recv(1 << 16))
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        time.sleep(0.5)
+        with pytest.raises(OSError):  # no new connections
+            socket.create_connection(("127.0.0.1", server.port), timeout=2).recv(1)
+        while True:  # the slow reader gets all of it
+            part = sock.recv(1 << 20)
+            if not part:
+                break
+            got += part
+            if len(got) > len(big) and got.find(b"\r\n\r\n") > 0 and len(got) - got.find(b"\r\n\r\n") - 4 >= len(big):
+                break
+        head, _, body = bytes(got).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body == big
+        assert server.proc.wait(40) == 0  # type: ignore[union-attr]
+    finally:
+        server.stop()
+
+
+def test_slow_clients_do_not_hold_up_others(public_tmp):
+    root = public_tmp / "store.zarr"
+    data = _write(root)
+    (root / "big.bin").write_bytes(os.urandom(32 << 20))
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        stuck = []
+        for _ in range(16):  # clients that ask for a large file and never read it
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            stuck.append(s)
+        time.sleep(1)
+        times = []
+        for k in range(50):
+            t = time.monotonic()
+            status, _, body = _get(server, f"/img/c/{k % 4}/{k % 4}")
+            times.append(time.monotonic() - t)
+            assert status == 200 and body == _chunk(data, k % 4, k % 4)
+        assert sorted(times)[len(times) // 2] < 0.5, times
+        for s in stuck:
+            s.close()
+
+
+def test_bad_source_and_address_exit_2(public_tmp):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "zvfs", "serve", str(public_tmp / "missing")], capture_output=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.decode().strip().splitlines()) == 1, r.stderr
+    root = public_tmp / "store.zarr"
+    _write(root)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "zvfs", "serve", str(root), "--listen", f"127.0.0.1:{port}"],
+                           capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"cannot listen" in r.stderr, r.stderr
+
+
+def test_a_rewritten_shard_changes_tags_never_mixes(public_tmp):
+    """A shard replaced by rename: the next GET has the new bytes and a new ETag; a GET with
+    the old tag in If-None-Match is no longer 304."""
+    root = public_tmp / "store.zarr"
+    data = _write(root)
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        _, h, body = _get(server, "/img/c/0/0")
+        assert body == _chunk(data, 0, 0)
+        other_tag = _get(server, "/img/c/0/2")[1]["etag"]
+        new = public_tmp / "new.zarr"
+        data2 = _write(new, seed=2)
+        time.sleep(0.01)
+        shutil.copy(new / "img" / "c" / "0" / "0", root / "img" / "c" / "0" / "0.tmp")
+        os.replace(root / "img" / "c" / "0" / "0.tmp", root / "img" / "c" / "0" / "0")
+        status, h2, body2 = _get(server, "/img/c/0/0", {"If-None-Match": h["etag"]})
+        assert status == 200 and body2 == _chunk(data2, 0, 0) and h2["etag"] != h["etag"]
+        assert _get(server, "/img/c/0/2")[1]["etag"] == other_tag  # another shard: unchanged
+
+
+def test_concurrent_readers_with_a_writer_never_mix(public_tmp):
+    """Readers of random chunk files while a writer replaces shards: every 200 is exactly one
+    version's chunk (the old or the new), never a mix."""
+    root = public_tmp / "store.zarr"
+    versions = [_write(root, seed=1)]
+    old, new = public_tmp / "old.zarr", public_tmp / "new.zarr"
+    shutil.copytree(root, old)
+    versions.append(_write(new, seed=2))
+    stop = threading.Event()
+    bad: list = []
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        def reader(seed: int) -> None:
+            rnd = random.Random(seed)
+            while not stop.is_set():
+                i, j = rnd.randrange(2), rnd.randrange(6)
+                status, _, body = _get(server, f"/img/c/{i}/{j}")
+                if status == 200 and body not in (_chunk(versions[0], i, j), _chunk(versions[1], i, j)):
+                    bad.append((i, j))
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        rnd = random.Random(0)
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            j = rnd.randrange(3)
+            src = rnd.choice([old, new]) / "img" / "c" / "0" / str(j)
+            shutil.copy(src, root / "img" / "c" / "0" / f"{j}.tmp")
+            os.replace(root / "img" / "c" / "0" / f"{j}.tmp", root / "img" / "c" / "0" / str(j))
+            time.sleep(0.02)
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad, bad[:10]

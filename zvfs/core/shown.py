@@ -1,0 +1,58 @@
+"""What every front shows of a node besides its bytes: permission bits, owner, times.
+
+Nothing is shown wider than the store (docs/reliability.md, Permissions): a node's bits are its
+own read (and search) bits as a reader of the store has them (`Stamp.mode`, folded over the
+directories above it: storage/access.py), never a write bit, never exec on files; a node with
+no bits of its own (rewritten metadata, chunk directories of remote stores) gets the store
+root's. An administrator's `umask=` replaces all that with 0555/0444 less its bits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..tree.nodes import Stamp
+
+OTHER_READ = 0o004
+OTHER_SEARCH = 0o001
+
+
+class Shown:
+    """Bits, owner and times as a mount (or `zvfs serve`) shows them. `root`: the store root's
+    stamp (a local store's bits as a reader sees them, and its owner); `uid`, `gid`: shown for
+    every node when given; `umask`: see the module docstring."""
+
+    __slots__ = ("uid", "gid", "default_uid", "default_gid", "mask", "umask", "stamp_ns")
+
+    def __init__(self, root: Stamp | None = None, uid: int | None = None, gid: int | None = None,
+                 umask: int | None = None):
+        root = root or Stamp()
+        self.uid, self.gid, self.umask = uid, gid, umask
+        #: otherwise each node's own owner (the store's, where it says), else the store root's
+        #: (local stores), else the daemon's
+        self.default_uid = os.getuid() if root.uid is None else root.uid
+        self.default_gid = os.getgid() if root.gid is None else root.gid
+        self.mask = 0o555 if root.mode is None else root.mode & 0o555
+        self.stamp_ns = time.time_ns()  # the time of nodes that have none of their own
+
+    def mode(self, is_dir: bool, mode: int | None) -> int:
+        """Permission bits shown (no file type bits)."""
+        top = 0o555 if is_dir else 0o444
+        if self.umask is not None:
+            return top & ~self.umask
+        return top & (self.mask if mode is None else mode)
+
+    def owner(self, stamp: Stamp) -> tuple[int, int]:
+        uid = self.uid if self.uid is not None else self.default_uid if stamp.uid is None else stamp.uid
+        gid = self.gid if self.gid is not None else self.default_gid if stamp.gid is None else stamp.gid
+        return uid, gid
+
+    def mtime_ns(self, stamp: Stamp) -> int:
+        return self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
+
+    def public(self, is_dir: bool, mode: int | None) -> bool:
+        """Whether anyone at all may read the node (a directory: list it and pass through it):
+        what a front with anonymous readers (`zvfs serve`) serves."""
+        bits = self.mode(is_dir, mode)
+        return bool(bits & OTHER_READ) and (not is_dir or bool(bits & OTHER_SEARCH))

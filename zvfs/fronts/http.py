@@ -1,0 +1,367 @@
+"""`zvfs serve`: the view over HTTP, for readers that cannot mount (browsers, macOS, containers,
+clusters). An ASGI application over the core's paths (core/paths.py), run by hypercorn's trio
+worker; no HTTP parsing here.
+
+- GET and HEAD of every file; one `Range` (206 with `Content-Range`; 416 past the end; several
+  ranges get the whole file); `ETag` (the version and place of the bytes, core/paths.py),
+  `Last-Modified`, `If-None-Match`, `If-Modified-Since`, `If-Range`; exact `Content-Length`.
+  An open is a snapshot: a response is all of one version, or is cut short (the connection
+  closes before its `Content-Length`), never bytes of two versions.
+- 404 for a file not in the tree (an absent chunk: readers use the fill value), 403 for what
+  the store does not let everyone read, 400 for a path that can never name a node; a backend
+  fault (502), a damaged shard (500) or a shard that changed during the request (503) answers
+  one line, with `Cache-Control: no-store`; details go to the log.
+- Directories: JSON (`{"entries": [...]}`), or an HTML page when the client prefers it
+  (`Accept: text/html`, `?format=html`).
+- `/.zvfs/ready`, `/.zvfs/health`, `/.zvfs/metrics` (Prometheus text), `/.zvfs/stats` (JSON).
+- CORS: off unless `--cors ORIGIN` (or `*`). A server on loopback is reachable by every page
+  the user's browser opens, so any origin by default would let any web site read the data
+  through the user's browser; viewers on another origin are named explicitly.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import html
+import json
+import logging
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+from ..core.paths import BadPath, OpenFile, Paths, Stat
+from ..errors import CorruptShardError, Gone, ShardChanged, StorageError, first_time
+
+log = logging.getLogger("zvfs.http")
+
+BLOCK = 1 << 20  # bytes read from a snapshot per body message
+SPECIAL = "/.zvfs/"  # the server's own endpoints (never a path of the tree: see `_special`)
+_CONDITIONAL_ALLOW = "Range, If-None-Match, If-Modified-Since, If-Range"
+_EXPOSE = "Content-Range, Content-Length, ETag, Last-Modified, Accept-Ranges"
+
+
+@dataclass
+class Counters:
+    """What the HTTP front counts (with the source's figures: `/.zvfs/stats`, `/.zvfs/metrics`)."""
+
+    requests: dict[int, int] = field(default_factory=dict)  # by status
+    bytes_served: int = 0
+    files_read: int = 0
+    in_flight: int = 0
+
+
+def _quoted(etag: str | None) -> str | None:
+    return None if etag is None else f'"{etag}"'
+
+
+def _matches(header: str, etag: str | None) -> bool:
+    """`If-None-Match`: weak comparison over a list, or `*`."""
+    if header.strip() == "*":
+        return True
+    if etag is None:
+        return False
+    wanted = _quoted(etag)
+    return any(tag.strip().removeprefix("W/") == wanted for tag in header.split(","))
+
+
+def _http_date(ns: int) -> str:
+    return email.utils.formatdate(ns / 1e9, usegmt=True)
+
+
+def _parse_date(text: str) -> float | None:
+    try:
+        return email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def byte_range(header: str, size: int) -> tuple[int, int] | None | bool:
+    """One `bytes=` range as [start, stop), None to answer the whole file (no range, several
+    ranges, or one that does not parse: RFC 9110 lets a server ignore them), False when
+    unsatisfiable (416)."""
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if not first:  # the last N bytes
+            n = int(last)
+            if n < 0:
+                return None
+            return (max(0, size - n), size) if n and size else False
+        start = int(first)
+        stop = None if not last else int(last) + 1
+    except ValueError:
+        return None
+    if start < 0 or stop is not None and stop <= start:
+        return None  # (not a valid range: ignored)
+    if start >= size:
+        return False
+    return start, size if stop is None else min(stop, size)
+
+
+class App:
+    """The ASGI application. `paths`: the served source by path (public: anonymous readers);
+    `cors`: origins allowed to read (`*` for any); `max_age`: seconds caches may keep a file
+    without asking again (0: they ask every time, answered 304 while it is unchanged)."""
+
+    def __init__(self, paths: Paths, cors: list[str] | None = None, max_age: int = 0):
+        self.paths = paths
+        self.cors = list(cors or [])
+        self.cache_control = f"public, max-age={max_age}" if max_age else "no-cache"
+        self.counters = Counters()
+        self.draining = False
+        self.started = time.time()
+
+    # -- ASGI
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        self.counters.in_flight += 1
+        try:
+            status = await self._handle(scope, send)
+        finally:
+            self.counters.in_flight -= 1
+        self.counters.requests[status] = self.counters.requests.get(status, 0) + 1
+
+    async def _handle(self, scope, send) -> int:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        cors = self._cors_headers(headers.get("origin"))
+        method = scope["method"]
+        if method == "OPTIONS":
+            return await self._preflight(send, headers, cors)
+        if method not in ("GET", "HEAD"):
+            return await self._plain(send, 405, "read-only: GET and HEAD only", cors, [("allow", "GET, HEAD, OPTIONS")])
+        path = scope["path"]
+        head = method == "HEAD"
+        if path.startswith(SPECIAL):
+            return await self._special(send, path[len(SPECIAL):], cors, head)
+        query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        try:
+            node = await self.paths.resolve(path)
+            if node.is_dir:
+                return await self._listing(send, path, headers, query, cors, head)
+            opened = await self.paths.open_node(node, path)  # type: ignore[arg-type]
+        except Exception as e:  # noqa: BLE001 - every failure is an answer, never a dead server
+            return await self._failure(send, e, path, cors)
+        try:
+            return await self._file(send, opened, headers, cors, head)
+        finally:
+            opened.close()
+
+    # -- files
+
+    async def _file(self, send, opened: OpenFile, headers: dict, cors: list, head: bool) -> int:
+        st = opened.stat
+        tag = _quoted(st.etag)
+        common = [("accept-ranges", "bytes"), ("last-modified", _http_date(st.mtime_ns)),
+                  ("cache-control", self.cache_control), *cors]
+        if tag is not None:
+            common.append(("etag", tag))
+        if self._not_modified(headers, st):
+            await self._start(send, 304, common)
+            await send({"type": "http.response.body", "body": b""})
+            return 304
+        start, stop, status = 0, st.size, 200
+        wanted = headers.get("range")
+        if wanted is not None and self._range_applies(headers.get("if-range"), st, tag):
+            found = byte_range(wanted, st.size)
+            if found is False:
+                return await self._plain(send, 416, "range not satisfiable", cors,
+                                         [("content-range", f"bytes */{st.size}")])
+            if found is not None:
+                start, stop = found
+                status = 206
+                common.append(("content-range", f"bytes {start}-{stop - 1}/{st.size}"))
+        common.append(("content-type", "application/octet-stream"))
+        common.append(("content-length", str(stop - start)))
+        if head:
+            await self._start(send, status, common)
+            await send({"type": "http.response.body", "body": b""})
+            return status
+        # the first block is read before the status line: a file that cannot be read at all
+        # (damaged, changed, backend down) answers an error, not a response cut short
+        try:
+            first = await opened.read(start, min(BLOCK, stop - start)) if stop > start else b""
+        except Exception as e:  # noqa: BLE001
+            return await self._failure(send, e, st.name, cors)
+        self.counters.files_read += 1
+        await self._start(send, status, common)
+        at = start + len(first)
+        try:
+            await self._body(send, first, at < stop)
+            while at < stop:
+                data = await opened.read(at, min(BLOCK, stop - at))
+                if not data:
+                    raise ShardChanged(st.name, "ended early")
+                at += len(data)
+                await self._body(send, data, at < stop)
+        except Exception as e:  # noqa: BLE001 - the status is sent: cut the response short
+            self._log_failure(e)
+            return 500
+        return status
+
+    async def _body(self, send, data: bytes, more: bool) -> None:
+        await send({"type": "http.response.body", "body": bytes(data), "more_body": more})
+        self.counters.bytes_served += len(data)
+
+    def _not_modified(self, headers: dict, st: Stat) -> bool:
+        inm = headers.get("if-none-match")
+        if inm is not None:
+            return _matches(inm, st.etag)
+        ims = headers.get("if-modified-since")
+        if ims is not None:
+            when = _parse_date(ims)
+            return when is not None and st.mtime_ns // 1_000_000_000 <= when
+        return False
+
+    def _range_applies(self, if_range: str | None, st: Stat, tag: str | None) -> bool:
+        """`If-Range`: the range only if the client's copy is this version (a strong ETag
+        match, or exactly this Last-Modified date); else the whole file."""
+        if if_range is None:
+            return True
+        if_range = if_range.strip()
+        if if_range.startswith('"') or if_range.startswith("W/"):
+            return tag is not None and if_range == tag
+        return if_range == _http_date(st.mtime_ns)
+
+    # -- directories
+
+    async def _listing(self, send, path: str, headers: dict, query: dict, cors: list, head: bool) -> int:
+        try:
+            entries = await self.paths.listdir(path)
+        except Exception as e:  # noqa: BLE001
+            return await self._failure(send, e, path, cors)
+        shown = "/" + "/".join(p for p in path.split("/") if p)
+        fmt = (query.get("format") or [""])[0]
+        if fmt == "html" or not fmt and "text/html" in headers.get("accept", ""):
+            body, kind = self._html(shown, entries), "text/html; charset=utf-8"
+        else:
+            body = json.dumps({"path": shown, "entries": [
+                {"name": e.name, "type": "directory" if e.is_dir else "file", "size": e.size,
+                 "mtime": _http_date(e.mtime_ns), "mode": f"{e.mode:04o}"} for e in entries]}).encode()
+            kind = "application/json"
+        await self._start(send, 200, [("content-type", kind), ("content-length", str(len(body))),
+                                      ("cache-control", "no-cache"), *cors])
+        await send({"type": "http.response.body", "body": b"" if head else body})
+        return 200
+
+    @staticmethod
+    def _html(shown: str, entries: list[Stat]) -> bytes:
+        base = shown.rstrip("/")
+        rows = []
+        if shown != "/":
+            rows.append(f'<li><a href="{html.escape(urllib.parse.quote(base.rsplit("/", 1)[0] or "/"))}">../</a></li>')
+        for e in entries:
+            name = e.name + ("/" if e.is_dir else "")
+            href = urllib.parse.quote(f"{base}/{e.name}")
+            size = "" if e.is_dir or e.size is None else f" ({e.size:,} bytes)"
+            rows.append(f'<li><a href="{html.escape(href)}">{html.escape(name)}</a>{size}</li>')
+        title = html.escape(shown)
+        return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+                f"<body><h1>{title}</h1>\n<ul>\n" + "\n".join(rows) + "\n</ul></body></html>\n").encode()
+
+    # -- the server's own endpoints
+
+    async def _special(self, send, name: str, cors: list, head: bool) -> int:
+        if name == "health":
+            return await self._plain(send, 200, "ok", cors, head=head)
+        if name == "ready":
+            if self.draining:
+                return await self._plain(send, 503, "draining", cors, head=head)
+            return await self._plain(send, 200, "ready", cors, head=head)
+        if name == "stats":
+            body = json.dumps(self.stats(), indent=2).encode() + b"\n"
+            return await self._bytes(send, 200, body, "application/json", cors, head)
+        if name == "metrics":
+            from .metrics import render  # (prometheus_client: loaded when first scraped)
+
+            body, kind = render(self)
+            return await self._bytes(send, 200, body, kind, cors, head)
+        return await self._plain(send, 404, "no such endpoint", cors, head=head)
+
+    def stats(self) -> dict:
+        c = self.counters
+        return {**self.paths.source.stats(), "requests": {str(k): v for k, v in sorted(c.requests.items())},
+                "files_read": c.files_read, "bytes_served": c.bytes_served, "in_flight": c.in_flight,
+                "uptime_seconds": round(time.time() - self.started, 1)}
+
+    # -- answers
+
+    def _cors_headers(self, origin: str | None) -> list[tuple[str, str]]:
+        if not self.cors or origin is None:
+            return []
+        if "*" in self.cors:
+            return [("access-control-allow-origin", "*"), ("access-control-expose-headers", _EXPOSE)]
+        if origin in self.cors:
+            return [("access-control-allow-origin", origin), ("vary", "Origin"),
+                    ("access-control-expose-headers", _EXPOSE)]
+        return [("vary", "Origin")]
+
+    async def _preflight(self, send, headers: dict, cors: list) -> int:
+        extra = [("allow", "GET, HEAD, OPTIONS")]
+        if any(k == "access-control-allow-origin" for k, _ in cors):
+            extra += [("access-control-allow-methods", "GET, HEAD, OPTIONS"),
+                      ("access-control-allow-headers", _CONDITIONAL_ALLOW), ("access-control-max-age", "86400")]
+            if headers.get("access-control-request-private-network") == "true":
+                extra.append(("access-control-allow-private-network", "true"))
+        await self._start(send, 204, [*cors, *extra])
+        await send({"type": "http.response.body", "body": b""})
+        return 204
+
+    async def _failure(self, send, e: BaseException, path: str, cors: list) -> int:
+        status, text = self._classify(e, path)
+        return await self._plain(send, status, text, cors, [("cache-control", "no-store")])
+
+    def _classify(self, e: BaseException, path: str) -> tuple[int, str]:
+        if isinstance(e, BadPath):
+            return 400, f"bad path: {e.args[-1]}"
+        if isinstance(e, (FileNotFoundError, NotADirectoryError, Gone)):
+            return 404, "not found"
+        if isinstance(e, PermissionError):
+            return 403, "not readable by everyone in the store"
+        if isinstance(e, ShardChanged):
+            return 503, "changed while being read; ask again"
+        if isinstance(e, CorruptShardError):
+            return 500, "damaged shard"
+        if isinstance(e, StorageError):
+            self._log_failure(e)
+            return 502, "the store did not answer"
+        log.exception("internal error serving %s", path)
+        return 500, "internal error"
+
+    @staticmethod
+    def _log_failure(e: BaseException) -> None:
+        if isinstance(e, (StorageError, ShardChanged, CorruptShardError)):
+            if first_time(str(e)):
+                log.error("%s", e)
+        else:
+            log.error("response cut short: %s: %s", type(e).__name__, e)
+
+    async def _plain(self, send, status: int, text: str, cors: list, extra: list | None = None, head: bool = False) -> int:
+        return await self._bytes(send, status, (text + "\n").encode(), "text/plain; charset=utf-8", cors, head, extra)
+
+    async def _bytes(self, send, status: int, body: bytes, kind: str, cors: list, head: bool = False,
+                     extra: list | None = None) -> int:
+        headers = [("content-type", kind), ("content-length", str(len(body))), *cors, *(extra or [])]
+        if status >= 400 and not any(k == "cache-control" for k, _ in headers):
+            headers.append(("cache-control", "no-store"))
+        await self._start(send, status, headers)
+        await send({"type": "http.response.body", "body": b"" if head else body})
+        return status
+
+    @staticmethod
+    async def _start(send, status: int, headers: list[tuple[str, str]]) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]})
