@@ -38,6 +38,8 @@ REMOTE = re.compile(r"^[a-z0-9]+://")
 MOUNT_POINT = re.compile(r"/mnt/\w+")
 #: words that mark a synopsis line (a placeholder the user fills in), not an example
 PLACEHOLDERS = {"SOURCE", "MOUNTPOINT", "PATH", "SHELL"}
+#: the address `zvfs serve` examples listen on (its default)
+README_SERVER = "127.0.0.1:8080"
 #: libraries only the legacy venv has (an OME-NGFF 0.4 reader, an N5 reader)
 LEGACY = ("ome_zarr", "z5py")
 
@@ -65,7 +67,9 @@ def kind(line: str) -> str:
         return "an installation step (changes the machine)"
     if words[0] == "zvfs" and PLACEHOLDERS & set(words):
         return "synopsis"
-    if words[0] in ("zvfs", "ls", "python", "mount"):
+    if words[:2] == ["zvfs", "serve"]:
+        return "serve"
+    if words[0] in ("zvfs", "ls", "python", "mount", "curl"):
         return "command"
     if len(words) == 6 and words[2] == "fuse.zvfs":
         return "fstab"
@@ -107,6 +111,8 @@ class Run:
         self.unavailable: set[str] = set()  # mount points of placeholder remote stores
         self.default_view: dict[str, str] = {}  # mount point -> source, for mounts of the default view
         self.skipped: list[str] = []
+        self.server: subprocess.Popen | None = None  # the `zvfs serve` of the last serve example
+        self.served = ""  # the address the README's examples use -> where that server listens
 
     def point(self, name: str) -> Path:
         if name not in self.dirs:
@@ -117,6 +123,8 @@ class Run:
     def local(self, text: str) -> str:
         for placeholder, real in sorted(SOURCES.items(), key=lambda kv: -len(kv[0])):
             text = text.replace(placeholder, real)
+        if self.served:
+            text = text.replace(README_SERVER, self.served)
         return MOUNT_POINT.sub(lambda m: str(self.point(m.group())), text)
 
     def shell(self, line: str, python: str | None = None) -> subprocess.CompletedProcess:
@@ -126,9 +134,36 @@ class Run:
         return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=300, env=env,
                               stdin=subprocess.DEVNULL)
 
+    def serve(self, line: str) -> None:
+        """A `zvfs serve` example: started in the background (on a free port: the lines after it
+        that name the README's address are pointed there), the previous one stopped first; one
+        of a placeholder remote store is skipped, with the lines that use it."""
+        self.stop_server()
+        words = shlex.split(line, comments=True)
+        if REMOTE.match(words[2]):
+            self.skipped.append(f"{line}  (a placeholder remote store)")
+            return
+        if "--listen" in words:
+            at = words.index("--listen")
+            del words[at:at + 2]
+        cmd = [sys.executable, "-m", "zvfs", *[self.local(w) for w in words[1:]], "--listen", "127.0.0.1:0"]
+        self.server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        first = self.server.stdout.readline()  # type: ignore[union-attr]
+        assert " at http://127.0.0.1:" in first, f"{line}: {first!r}"
+        self.served = first.rsplit("http://", 1)[1].strip().rstrip("/")
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.terminate()
+            assert self.server.wait(60) == 0, "zvfs serve did not exit 0 on SIGTERM"
+            self.server, self.served = None, ""
+
     def command(self, line: str) -> None:
         words = shlex.split(line, comments=True)
         points = MOUNT_POINT.findall(line)
+        if README_SERVER in line and not self.served:
+            self.skipped.append(f"{line}  (uses the server of a placeholder remote store)")
+            return
         mount = _mount_args(words)
         if mount is not None and REMOTE.match(mount[0]):
             self.unavailable.add(mount[1])
@@ -148,7 +183,7 @@ class Run:
             python = str(self.venvs / "ome04" / "bin" / "python") if any(m in line for m in LEGACY) else sys.executable
         r = self.shell(self.local(line), python)
         assert r.returncode == 0 and "Traceback" not in r.stderr, f"{line}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}"
-        if words[0] in ("ls", "python"):
+        if words[0] in ("ls", "python", "curl"):
             assert r.stdout.strip(), f"{line}: printed nothing"
         if words[0] == "python" and len(points) == 1 and points[0] in self.default_view:
             original = self.shell(self.local(line.replace(points[0], self.default_view[points[0]])), python)
@@ -175,6 +210,7 @@ class Run:
             assert r.returncode == 0, r.stderr
 
     def close(self) -> None:
+        self.stop_server()
         for d in self.dirs.values():
             if is_mounted(d):
                 force_unmount(d)
@@ -191,6 +227,9 @@ def test_the_readme_examples_run_on_the_sample(tmp_path, legacy_venvs):  # noqa:
                 ran += 1
             elif what == "fstab":
                 run.fstab(line)
+                ran += 1
+            elif what == "serve":
+                run.serve(line)
                 ran += 1
     finally:
         run.close()

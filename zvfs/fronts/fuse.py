@@ -78,6 +78,7 @@ def kernel_table(opts) -> int:
 READDIR_WINDOW = 1024
 _FS_ENCODING = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+_ABSENT = object()
 
 
 @dataclass
@@ -161,15 +162,13 @@ class _Parked:
 
 
 class _Open:
-    """An open file: its inode, its handle (the snapshot it reads), and whether it bypasses the
-    kernel's page cache (another version of the file is read through it)."""
+    """An open file: its inode and its handle (the snapshot it reads)."""
 
-    __slots__ = ("ino", "handle", "direct")
+    __slots__ = ("ino", "handle")
 
-    def __init__(self, ino: int, handle: Handle, direct: bool = False):
+    def __init__(self, ino: int, handle: Handle):
         self.ino = ino
         self.handle = handle
-        self.direct = direct
 
 
 class ZvfsOperations(pyfuse3.Operations):
@@ -211,8 +210,11 @@ class ZvfsOperations(pyfuse3.Operations):
     def _owner(self, a: pyfuse3.EntryAttributes, stamp: Stamp) -> None:
         a.st_uid, a.st_gid = self.shown.owner(stamp)
 
-    async def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
-        """Attributes, as the kernel is told them (recorded: fuse_kernel.py)."""
+    async def _attrs(self, node: Node, entry: bool = False) -> pyfuse3.EntryAttributes:
+        """Attributes, as the kernel is told them (recorded: fuse_kernel.py). An `entry` (a
+        lookup's answer) of a file whose open handles read another version gets that
+        version's alias; a getattr of the inode gets the size of the version its handles
+        read."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
         a.attr_timeout = TIMEOUT
@@ -230,15 +232,38 @@ class ZvfsOperations(pyfuse3.Operations):
             if held is None:
                 a.st_size = await node.size()
                 self.kernel.told_about(node.ino, token)
+            elif entry:  # this version through an inode of its own
+                a.st_size = await node.size()
+                a.st_ino = self.kernel.number(node.ino, token, a.st_size)
+                self.kernel.told_about(a.st_ino, token)
             else:  # handles read another version: its size
                 a.st_size = held
+        self._fill(a, stamp)
+        return a
+
+    async def _alias_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
+        """getattr of an alias: the version it stands for (ESTALE once let go of)."""
+        alias = self.kernel.alias(ino)
+        if alias is None:
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        node = await self._node(alias.ino)
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.attr_timeout = TIMEOUT
+        stamp = node.stamp()
+        a.st_mode = stat.S_IFREG | self.shown.mode(False, stamp.mode)
+        a.st_nlink = 1
+        a.st_size = alias.size if alias.size is not None else await node.size()  # type: ignore[union-attr]
+        self._fill(a, stamp)
+        return a
+
+    def _fill(self, a: pyfuse3.EntryAttributes, stamp: Stamp) -> None:
         self._owner(a, stamp)
         a.st_blksize = BLKSIZE
         a.st_blocks = (a.st_size + 511) // 512
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.shown.mtime_ns(stamp)
         a.entry_timeout = TIMEOUT
         a.generation = 0
-        return a
 
     def _control_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
         """A control file: size 0 and no caching; read with direct I/O to its end; the mount's
@@ -264,12 +289,14 @@ class ZvfsOperations(pyfuse3.Operations):
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         self.tree.remember(node)
-        return await self._attrs(node)
+        return await self._attrs(node, entry=True)
 
     @guarded
     async def getattr(self, inode, ctx=None):
         if inode in _CONTROL:
             return self._control_attrs(inode)
+        if self.kernel.is_alias(inode):
+            return await self._alias_attrs(inode)
         return await self._attrs(await self._node(inode))
 
     async def forget(self, inode_list):
@@ -318,8 +345,9 @@ class ZvfsOperations(pyfuse3.Operations):
             else:
                 a.st_nlink = 1
                 held = cached.get(ino)
-                if held is not None and held[0] != tokens[j]:  # handles read another version
-                    size = held[1]
+                if held is not None and held[0] != tokens[j]:  # handles read another version:
+                    a.st_ino = ino = self.kernel.number(ino, tokens[j], size)  # this one's alias
+                    held = None
                 a.st_size, a.attr_timeout = (0, 0) if size is None else (size, TIMEOUT)
             a.st_blocks = (a.st_size + 511) // 512
             if not reply(token, names[j].encode(*_FS_ENCODING), a, at + j + 1):  # os.fsencode, without its frame
@@ -332,17 +360,28 @@ class ZvfsOperations(pyfuse3.Operations):
 
     async def open(self, inode, flags, ctx):
         """Hot path (once per file): no decorator frame, the node usually comes from the
-        tree's recent table. Never direct I/O unless two versions of the file are open at once:
-        it would be ~25% faster for 1 MiB files, but mmap of a direct-I/O FUSE file fails
-        (ENODEV), and readers that mmap chunks must work."""
+        tree's recent table. Never direct I/O: it would be ~25% faster for 1 MiB files, but
+        mmap of a direct-I/O FUSE file fails (ENODEV), and readers that mmap chunks must work.
+        An open that finds another version than the inode's open handles read, or than its
+        alias stands for, is ESTALE: the kernel looks the name up again and gets an inode of
+        that version (fuse_kernel.py)."""
         if flags & _WRITING:
             raise pyfuse3.FUSEError(errno.EROFS)
+        expect = _ABSENT
         try:
             node = self.tree.known(inode)
             if node is None:
                 if inode in _CONTROL:
                     return self._open_control(inode, ctx)
-                node = await self._node(inode)
+                if self.kernel.is_alias(inode):
+                    alias = self.kernel.alias(inode)
+                    if alias is None:
+                        raise pyfuse3.FUSEError(errno.ESTALE)
+                    expect = alias.token
+                    inode_of_node = alias.ino
+                else:
+                    inode_of_node = inode
+                node = await self._node(inode_of_node)
             if node.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             handle = await node.open()  # type: ignore[union-attr]
@@ -350,17 +389,23 @@ class ZvfsOperations(pyfuse3.Operations):
             raise
         except Exception as e:  # noqa: BLE001
             raise pyfuse3.FUSEError(self._fail(e)) from None
-        keep, direct, forget_attrs = self.kernel.opening(inode, handle.token, handle.size)
+        opened = None if expect is not _ABSENT and handle.token != expect else \
+            self.kernel.opening(inode, handle.token, handle.size)
+        if opened is None:  # another version: the kernel asks for the name again
+            handle.release()
+            self.counters.changed += 1
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        keep, forget_attrs = opened
         if forget_attrs:  # the kernel's size and times are of another version (or unknown)
             self.counters.changed += 1
             self._forget_attributes(inode)
             self.tree.remember(node)  # (what the next getattr asks about: this version)
         fh, self._next_fh = self._next_fh, self._next_fh + 1
-        self._open[fh] = _Open(inode, handle, direct)
+        self._open[fh] = _Open(inode, handle)
         self.counters.files_read += 1
         if self.push_ahead:
             self._push_ahead_of(node)  # type: ignore[arg-type]
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     def _forget_attributes(self, inode: int) -> None:
         """Before the open answers (on the loop: an attribute-only invalidation takes no page
@@ -457,7 +502,7 @@ class ZvfsOperations(pyfuse3.Operations):
         opened = self._open.pop(fh, None)
         if opened is not None:
             opened.handle.release()
-            self.kernel.closed(opened.ino, opened.direct)
+            self.kernel.closed(opened.ino)
 
     # -- control files
 

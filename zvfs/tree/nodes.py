@@ -693,7 +693,7 @@ class Tree:
         """Reserve `block.count` numbers for `block`; returns the first."""
         start = self._next
         self._next += max(1, block.count)
-        if self._next >= 2**63:
+        if self._next >= 2**62:  # (the FUSE front's aliases and control files live above)
             raise OverflowError("inode space exhausted")
         self._range_starts.append(start)
         self._ranges.append(block)
