@@ -78,7 +78,6 @@ def kernel_table(opts) -> int:
 READDIR_WINDOW = 1024
 _FS_ENCODING = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
-_ABSENT = object()
 
 
 @dataclass
@@ -367,7 +366,7 @@ class ZvfsOperations(pyfuse3.Operations):
         that version (fuse_kernel.py)."""
         if flags & _WRITING:
             raise pyfuse3.FUSEError(errno.EROFS)
-        expect = _ABSENT
+        alias = None
         try:
             node = self.tree.known(inode)
             if node is None:
@@ -377,11 +376,7 @@ class ZvfsOperations(pyfuse3.Operations):
                     alias = self.kernel.alias(inode)
                     if alias is None:
                         raise pyfuse3.FUSEError(errno.ESTALE)
-                    expect = alias.token
-                    inode_of_node = alias.ino
-                else:
-                    inode_of_node = inode
-                node = await self._node(inode_of_node)
+                node = await self._node(inode if alias is None else alias.ino)
             if node.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             handle = await node.open()  # type: ignore[union-attr]
@@ -389,13 +384,14 @@ class ZvfsOperations(pyfuse3.Operations):
             raise
         except Exception as e:  # noqa: BLE001
             raise pyfuse3.FUSEError(self._fail(e)) from None
-        opened = None if expect is not _ABSENT and handle.token != expect else \
-            self.kernel.opening(inode, handle.token, handle.size)
+        opened = self.kernel.opening(inode, handle.token, handle.size)
         if opened is None:  # another version: the kernel asks for the name again
             handle.release()
             self.counters.changed += 1
             raise pyfuse3.FUSEError(errno.ESTALE)
         keep, forget_attrs = opened
+        if alias is not None and alias.token != handle.token:
+            self.kernel.retarget(inode, handle.token, handle.size)
         if forget_attrs:  # the kernel's size and times are of another version (or unknown)
             self.counters.changed += 1
             self._forget_attributes(inode)

@@ -16,7 +16,9 @@ through one inode number at once:
   LOOKUP_REVAL), which gives it the alias, and opens that. (Before, the second open bypassed
   the page cache with direct I/O; a private mmap or a read-ahead of it still filled the shared
   page cache with the new version, which the old handles then read.)
-* An alias stands for one version: an open of it that finds another is ESTALE too.
+* An alias is an inode like any other: while handles read it, an open of another version is
+  ESTALE; with none open, an open of another version moves it to that version (the kernel's
+  pages and attributes of it dropped, as below).
 
 Within one inode, versions follow each other (no handle open, then a new version): every
 answer that gives the kernel an inode's attributes (lookup, getattr, a listing entry) or pages
@@ -127,6 +129,17 @@ class KernelCache:
                 self.paged.discard(alias)
                 self.dropping.add(alias)
                 self._drop([alias])
+
+    def retarget(self, alias: int, token: Hashable, size: int | None) -> None:
+        """An alias with no open handle now shows another version (an open found one: from
+        here on it is like a tree number whose version changed)."""
+        entry = self.aliases.get(alias)
+        if entry is None or entry.token == token:
+            return
+        if self._alias_of.get((entry.ino, entry.token)) == alias:
+            del self._alias_of[(entry.ino, entry.token)]
+        self._alias_of.setdefault((entry.ino, token), alias)
+        self.aliases[alias] = Alias(entry.ino, token, size)
 
     def alias(self, ino: int) -> Alias | None:
         """What alias `ino` shows (None: not an alias, or one let go of: `is_alias`)."""
