@@ -406,9 +406,10 @@ class ZvfsServe:
         deadline = time.monotonic() + timeout
         import select
 
+        poller = select.poll()  # (select() refuses descriptors above 1023; a long suite has them)
+        poller.register(self.proc.stdout, select.POLLIN)
         while time.monotonic() < deadline and not line.endswith(b"\n"):
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
-            if ready:
+            if poller.poll(500):
                 chunk = self.proc.stdout.read1(4096)  # type: ignore[union-attr]
                 if not chunk:
                     break

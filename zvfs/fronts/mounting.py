@@ -305,7 +305,11 @@ def _wait_ready(fd: int, timeout: float) -> str | None:
     buf = b""
     while not buf.endswith(b"\n"):
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        # poll, not select: select() refuses descriptors above 1023, which a library caller
+        # with many files open reaches.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if left <= 0 or not poller.poll(left * 1000):
             return None
         chunk = os.read(fd, 4096)
         if not chunk:

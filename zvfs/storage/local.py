@@ -164,10 +164,11 @@ def _matches(st: os.stat_result, v: Version) -> bool:
 
 
 def _holds(st: os.stat_result, v: Version) -> bool:
-    """A pinned descriptor still holds version `v`: the same state, or the same file whose
-    last link is gone (replaced by rename, or deleted: that moves its ctime, nothing else)."""
-    return _matches(st, v) or (st.st_nlink == 0 and st.st_size == v.size
-                               and (st.st_dev, st.st_ino, st.st_mtime_ns) == v.tag[:3])
+    """A pinned descriptor still holds version `v`: exactly the same state. (Not "the same file
+    whose last link is gone": an in-place write before the rename over it changes its bytes
+    with a state the check cannot tell from the old, and such a shard was seen serving new
+    bytes under an old version; its old handles get EIO instead: docs/reliability.md.)"""
+    return _matches(st, v)
 
 
 def _settled(st: os.stat_result) -> bool:
