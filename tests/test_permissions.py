@@ -9,7 +9,14 @@ administrator shares on purpose with `umask=` or hands the files to a user with 
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
+import random
 import shutil
+import stat
+import struct
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -17,7 +24,10 @@ import numpy as np
 import pytest
 import zarr
 
-from conftest import READER, as_reader, zvfs_mount
+from conftest import READER, as_reader, run_zvfs, zvfs_mount
+from zvfs.storage import access
+from zvfs.storage.local import LocalStore
+from zvfs.storage.walk import resolve
 
 pytestmark = pytest.mark.mount
 
@@ -129,3 +139,594 @@ def test_a_reader_reads_through_the_mount_exactly_what_the_store_lets_them(close
                 assert len(closed) == 8, f"{view}: {len(closed)} chunk files closed, expected the 8 of the c/0/ shards"
             else:
                 assert not readable, f"{view}: the reader reads {readable[:3]} under the closed {top}"
+
+
+# ==============================================================================================
+# Symlinks and POSIX ACLs: nothing wider than the store, whatever shape the path has
+#
+# The attacks these answer (before: 257 files of a 0700 array read through `linkarr ->
+# private/arr`, the same through a symlinked `c/`, one symlinked shard, a pass-through link;
+# 64/64 chunk files under a row directory whose ACL denies the reader): a reader must search
+# every directory in which the kernel looks a name up, on the link's path and on its target's
+# (storage/walk.py), and an ACL entry that grants someone less than the mode bits narrows the
+# whole class (storage/access.py). The oracle of every test below is the store itself: what the
+# reader opens through the mount it must be able to open in the store, by the same path.
+
+FOREIGN_UID, FOREIGN_GID = 4242, 4243  # a user and a group that are not the reader's
+META = {"zarr.json", ".zarray", ".zattrs", ".zgroup", "attributes.json"}
+SYSTEM_PYTHON = "/usr/bin/python3"  # (the test's own interpreter may live where the reader cannot go)
+
+READER_CHECK = r"""
+import json, os, sys
+out = {}
+for kind, path in json.load(sys.stdin):
+    try:
+        if kind == "list":
+            os.listdir(path)
+        elif kind == "x":
+            if not os.access(path, os.X_OK):
+                raise PermissionError(13, "x")
+        elif kind == "r":
+            if not os.access(path, os.R_OK):
+                raise PermissionError(13, "r")
+        else:
+            with open(path, "rb") as f:
+                f.read()
+        out[kind + ":" + path] = True
+    except OSError as e:
+        out[kind + ":" + path] = e.errno
+print(json.dumps(out))
+"""
+
+
+def reader_can(items: list[tuple[str, object]]) -> dict[tuple[str, str], bool]:
+    """For each (kind, path): whether the reader user can do it ("read" a file whole, "list" a
+    directory, "r"/"x" by access(2)); all in one process of the reader's."""
+    items = [(k, str(p)) for k, p in items]
+    r = subprocess.run(["runuser", "-u", READER, "--", SYSTEM_PYTHON, "-c", READER_CHECK],
+                       input=json.dumps(items).encode(), capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    got = json.loads(r.stdout)
+    return {(k, p): got[f"{k}:{p}"] is True for k, p in items}
+
+
+def reader_ids() -> tuple[int, int]:
+    pw = pwd.getpwnam(READER)
+    return pw.pw_uid, pw.pw_gid
+
+
+def acl_blob(entries: list[tuple[int, int, int]]) -> bytes:
+    """system.posix_acl_access bytes of (tag, perm, id) entries (sorted as the kernel wants)."""
+    entries = sorted(entries, key=lambda e: (e[0], e[2] if e[0] in (access.ACL_USER, access.ACL_GROUP) else 0))
+    return struct.pack("<I", access.ACL_XATTR_VERSION) + b"".join(
+        struct.pack("<HHI", tag, perm, ident if tag in (access.ACL_USER, access.ACL_GROUP) else 0xFFFFFFFF)
+        for tag, perm, ident in entries)
+
+
+_SPEC_TAGS = {"u": (access.ACL_USER_OBJ, access.ACL_USER), "g": (access.ACL_GROUP_OBJ, access.ACL_GROUP),
+              "m": (access.ACL_MASK, access.ACL_MASK), "o": (access.ACL_OTHER, access.ACL_OTHER)}
+
+
+def set_acl(path, spec: str) -> None:
+    """Give PATH exactly the ACL `spec` (setfacl's syntax with numeric ids: "u::rwx,u:999:---,
+    g::r-x,m::r-x,o::r-x"): with setfacl (Debian's `acl`) when installed, else os.setxattr."""
+    if shutil.which("setfacl"):
+        subprocess.run(["setfacl", "-n", "--set", spec, str(path)], check=True, capture_output=True)
+        return
+    entries = []
+    for item in spec.split(","):
+        kind, ident, perm = item.split(":")
+        bits = sum(b for b, c in zip((4, 2, 1), perm) if c != "-")
+        obj, named = _SPEC_TAGS[kind]
+        entries.append((named if ident else obj, bits, int(ident) if ident else 0))
+    os.setxattr(path, access.ACL_ACCESS, acl_blob(entries))
+
+
+# -- POSIX ACLs against the kernel, without a mount ----------------------------------------------
+
+
+def test_narrowed_acl_bits_are_never_wider_than_the_kernel_grants(public_tmp, reader):
+    """Random ACLs (named entries for the reader, its group, a foreign user and group; with and
+    without a mask) on files and directories owned by the reader, by its group, or by neither:
+    wherever `access.narrowed` gives the reader's class read (or search) bits, the kernel lets
+    the reader read (or search) the node; and it does not simply close everything."""
+    uid, gid = reader_ids()
+    rnd = random.Random(12)
+    cases, checks = {}, []
+    for n in range(400):
+        is_dir = n % 2 == 1
+        path = public_tmp / f"n{n}"
+        if is_dir:
+            path.mkdir()
+        else:
+            path.write_bytes(b"x")
+        owner, group = rnd.choice([(0, 0), (uid, 0), (0, gid), (uid, gid)])
+        os.chown(path, owner, group)
+        entries = [(access.ACL_USER_OBJ, rnd.randrange(8), 0), (access.ACL_GROUP_OBJ, rnd.randrange(8), 0),
+                   (access.ACL_OTHER, rnd.randrange(8), 0)]
+        for tag, ident in ((access.ACL_USER, uid), (access.ACL_GROUP, gid), (access.ACL_USER, FOREIGN_UID),
+                           (access.ACL_GROUP, FOREIGN_GID), (access.ACL_USER, owner or 1)):
+            if rnd.random() < 0.35 and all((t, i) != (tag, ident) for t, _, i in entries):
+                entries.append((tag, rnd.randrange(8), ident))
+        if any(t in (access.ACL_USER, access.ACL_GROUP) for t, _, _ in entries) or rnd.random() < 0.3:
+            entries.append((access.ACL_MASK, rnd.randrange(8), 0))
+        os.setxattr(path, access.ACL_ACCESS, acl_blob(entries))
+        st = os.stat(path)
+        raw = access.acl_of(str(path))  # (None where the ACL says no more than the mode: not kept)
+        assert raw is None or access.parse_acl(raw) is not None
+        shown = access.narrowed(stat.S_IMODE(st.st_mode), raw, st.st_uid)
+        cls = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0  # the reader's class as the mount shows it
+        cases[str(path)] = (shown >> cls) & 7
+        checks += [("r", path), ("x", path)]
+    got = reader_can(checks)
+    wider = [(p, oct(bits)) for p, bits in cases.items()
+             if (bits & 4 and not got[("r", p)]) or (bits & 1 and not got[("x", p)])]
+    assert not wider, f"shown bits wider than the kernel grants: {wider[:5]}"
+    assert sum(bool(bits & 4) for bits in cases.values()) > 60, "narrowed closes (nearly) everything"
+
+
+def test_malformed_and_absent_acls():
+    assert access.narrowed(0o755, None, 0) == 0o755
+    assert access.narrowed(0o755, access.UNREADABLE, 0) == 0o700  # only the owner, as the kernel
+    assert access.narrowed(0o705, b"\x02\0\0\0garbage!", 0) == 0o705  # no group bits: the kernel skips the ACL
+    deny = acl_blob([(access.ACL_USER_OBJ, 7, 0), (access.ACL_USER, 0, 999), (access.ACL_GROUP_OBJ, 5, 0),
+                     (access.ACL_MASK, 5, 0), (access.ACL_OTHER, 5, 0)])
+    assert access.narrowed(0o755, deny, 0) == 0o700
+    assert access.narrowed(0o755, deny, 999) == 0o755  # an entry naming the owner is never used
+    group_deny = acl_blob([(access.ACL_USER_OBJ, 7, 0), (access.ACL_GROUP_OBJ, 5, 0), (access.ACL_GROUP, 0, 7),
+                           (access.ACL_MASK, 5, 0), (access.ACL_OTHER, 5, 0)])
+    assert access.narrowed(0o755, group_deny, 0) == 0o750  # a named group: others may be in it
+    assert access.narrowed(0o755, deny[:-3], 0) == 0o700  # truncated
+    assert access.narrowed(0o755, b"\x01\0\0\0" + deny[4:], 0) == 0o700  # another version
+
+
+# -- the walk, without a mount ---------------------------------------------------------------
+
+
+def test_the_walk_finds_every_directory_a_lookup_passes(public_tmp):
+    """`a -> d1/l`, `d1/l -> ../d2/f`: d1 is searched, though it is on neither the link's path
+    nor the file's; `..` searches the directory it leaves; loops and dangling links reach
+    nothing."""
+    root = public_tmp / "w"
+    for d in ("d1", "d2", "d3/sub"):
+        (root / d).mkdir(parents=True)
+    (root / "d2/f").write_bytes(b"f")
+    (root / "d1/l").symlink_to("../d2/f")
+    (root / "a").symlink_to("d1/l")
+    (root / "b").symlink_to("d3/sub/../../d2/f")
+    (root / "loop").symlink_to("loop")
+    (root / "dangling").symlink_to("nowhere")
+    real = str(root)
+    w = resolve(real, ["a"])
+    assert w.real == f"{real}/d2/f" and set(w.gates) == {real, f"{real}/d1", f"{real}/d2"}
+    w = resolve(real, ["b"])
+    assert w.real == f"{real}/d2/f" and {f"{real}/d3", f"{real}/d3/sub"} <= set(w.gates)
+    assert resolve(real, ["loop"]).real is None and resolve(real, ["dangling"]).real is None
+    w = resolve(real, ["d3", "sub"])
+    assert [p[0] for p in w.prefixes] == ["d3", "d3/sub"]
+
+
+def test_a_link_in_a_sticky_world_writable_directory_is_a_gate_only_its_owner_passes(public_tmp, reader):
+    """fs.protected_symlinks: such a link is followed only by its owner (or by anyone when the
+    directory's owner owns it): with the sysctl on, a walk adds a gate for it."""
+    root = public_tmp / "s"
+    (root / "tmpish").mkdir(parents=True)
+    (root / "tmpish").chmod(0o1777)
+    (root / "data").mkdir()
+    (root / "data/f").write_bytes(b"f")
+    (root / "tmpish/l").symlink_to("../data/f")
+    os.chown(root / "tmpish/l", reader, reader, follow_symlinks=False)
+    w = resolve(str(root), ["tmpish", "l"], protected=True)
+    gates = [g for g in w.gates if not isinstance(g, str)]
+    assert gates == [(reader, access.NO_GROUP, 0o100)]
+    dirs = [access.dir_facts(g) if isinstance(g, str) else g for g in w.gates]
+    assert access.reach(dirs, 0, 0) == 0o700  # a root-owned file: its owner, not group nor others
+    assert not [g for g in resolve(str(root), ["tmpish", "l"], protected=False).gates if not isinstance(g, str)]
+
+
+async def test_a_link_retargeted_into_a_closed_directory_is_walked_again(public_tmp):
+    """A file whose real path is not its directory's remembered real path plus its name is
+    walked afresh: `lnk -> open` then `lnk -> closed` (a 0700 directory) closes `lnk/f`."""
+    root = public_tmp / "r"
+    for d, mode in (("open", 0o755), ("closed", 0o700)):
+        (root / d).mkdir(parents=True)
+        (root / d / "f").write_bytes(d.encode())
+        (root / d).chmod(mode)
+    (root / "lnk").symlink_to("open")
+    store = LocalStore(str(root))
+    try:
+        assert (await store.current("lnk/f")).mode == 0o644
+        assert {e.name: e.mode for e in await store.list("lnk")} == {"f": 0o644}
+        (root / "lnk").unlink()
+        (root / "lnk").symlink_to("closed")
+        assert (await store.current("lnk/f")).mode == 0o600
+        assert (await store.read("lnk/f")) == b"closed"
+        assert {e.name: e.mode for e in await store.list("lnk")} == {"f": 0o600}
+        assert {e.name: e.mode for e in await store.list("")}["lnk"] == 0o700
+        assert (await store.info("lnk")).mode == 0o700
+    finally:
+        await store.aclose()
+
+
+async def test_refresh_reads_directory_acls_again(public_tmp, reader):
+    root = public_tmp / "a"
+    (root / "d").mkdir(parents=True)
+    (root / "d/f").write_bytes(b"f")
+    store = LocalStore(str(root))
+    try:
+        assert (await store.current("d/f")).mode == 0o644
+        set_acl(root / "d", f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x")
+        store.forget_directories()
+        assert (await store.current("d/f")).mode == 0o600
+        set_acl(root / "d/f", f"u::rw-,g::r--,g:{FOREIGN_GID}:---,m::r--,o::r--")
+        set_acl(root / "d", "u::rwx,g::r-x,o::r-x")
+        store.forget_directories()
+        assert (await store.current("d/f")).mode == 0o640  # a named group: others may be in it
+    finally:
+        await store.aclose()
+
+
+# -- through real mounts: crafted layouts -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def template():
+    """One small sharded array written by zarr-python (16x16, shards 8x8, chunks 4x4: 2x2 shards
+    of 2x2 chunks, 16 chunk files), copied wherever a layout wants an array."""
+    path = Path(tempfile.mkdtemp(prefix="zvfs-tmpl-"))
+    a = zarr.create_array(str(path / "arr"), shape=(16, 16), shards=(8, 8), chunks=(4, 4), dtype="uint8",
+                          fill_value=0, compressors=None)
+    a[...] = (np.arange(256).reshape(16, 16) % 251 + 1).astype("uint8")
+    yield path / "arr"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _put_array(template: Path, where: Path) -> None:
+    shutil.copytree(template, where, symlinks=True)
+    for p in [where, *where.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+def _group(where: Path) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    (where / "zarr.json").chmod(0o644)
+
+
+def _arrays(store: Path) -> set[str]:
+    """Store paths (lexical, links followed) of every array: what the views may show."""
+    found = set()
+    for dirpath, _, files in os.walk(store, followlinks=True):
+        if "zarr.json" in files and '"array"' in (Path(dirpath) / "zarr.json").read_text():
+            rel = os.path.relpath(dirpath, store)
+            if rel.count("/") < 12:
+                found.add("" if rel == "." else rel)
+    return found
+
+
+def _store_path(view: str, rel: str, arrays: set[str]) -> str | None:
+    """The store file whose bytes a mount file `rel` of `view` comes from (None: not known)."""
+    parent, _, name = rel.rpartition("/")
+    if name in META:
+        return f"{parent}/zarr.json" if parent else "zarr.json"
+    owner = max((a for a in arrays if rel.startswith(a + "/")), key=len, default=None)
+    if owner is None:
+        return rel if view == "zarr" else None  # a pass-through file, as stored
+    rest = rel[len(owner) + 1:].split("/")
+    if view == "zarr":
+        assert rest[0] == "c", rel
+        i, j = int(rest[1]), int(rest[2])
+    elif view == "zarr2":
+        i, j = int(rest[0]), int(rest[1])
+    else:  # n5: dimensions fastest-varying first
+        j, i = int(rest[0]), int(rest[1])
+    return f"{owner}/c/{i // 2}/{j // 2}"
+
+
+def _compare(store: Path, mnt: Path, view: str, exact_unless: tuple[str, ...] = ()) -> dict:
+    """Every file (and pass-through directory) of the mount, read by the reader through the mount
+    and, by the same path, in the store: never more through the mount. Where the store path
+    leads through none of `exact_unless` (layouts that mode bits cannot express: a named-user
+    ACL for someone else, a directory open to a group the file is not in), exactly as much."""
+    arrays = _arrays(store)
+    files, dirs = [], []
+    for dirpath, dirnames, filenames in os.walk(mnt):
+        rel_dir = os.path.relpath(dirpath, mnt)
+        for f in filenames:
+            rel = f if rel_dir == "." else f"{rel_dir}/{f}"
+            src = _store_path(view, rel, arrays)
+            if src is not None:
+                files.append((rel, src))
+        if view == "zarr" and rel_dir != "." and not any(rel_dir == a or rel_dir.startswith(a + "/") for a in arrays):
+            dirs.append(rel_dir)
+    assert files, f"{view}: the mount shows no files"
+    asked = [("read", mnt / rel) for rel, _ in files] + [("read", store / src) for _, src in files]
+    asked += [("list", mnt / d) for d in dirs] + [("list", store / d) for d in dirs]
+    got = reader_can(asked)
+    wider, narrower, readable = [], [], 0
+    for rel, src in files:
+        through, direct = got[("read", str(mnt / rel))], got[("read", str(store / src))]
+        readable += through
+        if through and not direct:
+            wider.append(rel)
+        elif direct and not through and not any(m in os.path.realpath(store / src) or m in src for m in exact_unless):
+            narrower.append(rel)
+    for d in dirs:
+        if got[("list", str(mnt / d))] and not got[("list", str(store / d))]:
+            wider.append(d + "/")
+    assert not wider, f"{view}: the reader reads through the mount what the store refuses: {sorted(wider)[:8]} ({len(wider)})"
+    assert not narrower, f"{view}: closed through the mount, open in the store: {sorted(narrower)[:8]} ({len(narrower)})"
+    return {"files": len(files), "readable": readable}
+
+
+@pytest.fixture(scope="module")
+def attacked_store(template, reader):
+    """The attacker's layouts and more: symlinked arrays, `c/`, shards, row directories and
+    pass-through files and directories into a 0700 directory; a link to a link through a 0700
+    directory; `..` through a 0700 directory; targets closed to the reader's group only; ACL
+    denies on a row directory, a shard, an array (by named group), a pass-through file; and
+    the cases mode bits cannot express, shown narrower: an ACL that denies another user, a
+    directory open to a group the files are not in, an ACL that grants the reader more."""
+    uid, gid = reader_ids()
+    base = Path(tempfile.mkdtemp(prefix="zvfs-attacked-"))
+    base.chmod(0o755)
+    s = base / "store.zarr"
+    _group(s)
+    _put_array(template, s / "a")
+    _group(s / "private")
+    _put_array(template, s / "private/arr")
+    (s / "private/notes.txt").write_text("TOP SECRET\n")
+    (s / "private/sub").mkdir()
+    (s / "private/sub/x.txt").write_text("secret too\n")
+    (s / "private").chmod(0o700)
+    (s / "linkarr").symlink_to("private/arr")  # a whole array
+    _put_array(template, s / "b")
+    shutil.rmtree(s / "b/c")
+    (s / "b/c").symlink_to("../private/arr/c")  # its c/
+    (s / "a/c/1/1").unlink()
+    (s / "a/c/1/1").symlink_to("../../../private/arr/c/1/1")  # one shard
+    _put_array(template, s / "rowlink")
+    shutil.rmtree(s / "rowlink/c/0")
+    (s / "rowlink/c/0").symlink_to("../../private/arr/c/0")  # one row directory
+    (s / "misc").mkdir()
+    (s / "misc/notes_link").symlink_to("../private/notes.txt")  # pass-through file
+    (s / "misc/dirlink").symlink_to("../private/sub")  # pass-through directory
+    (s / "misc/open.txt").write_text("open\n")
+    (s / "misc/open_link").symlink_to("open.txt")
+    # a link to a link, through a 0700 directory that is on neither path
+    (s / "hop").mkdir()
+    (s / "hop/l").symlink_to("../a")
+    (s / "hop").chmod(0o700)
+    (s / "chain").symlink_to("hop/l")
+    # `..` through a 0700 directory
+    (s / "dotdot").symlink_to("hop/../a")
+    # absolute links, to open and closed places
+    (s / "abs_open").symlink_to(str(s / "a"))
+    (s / "abs_closed").symlink_to(str(s / "private/arr"))
+    # closed to the reader's group only (0705 root:reader): the reader, a member, is stopped
+    _group(s / "grp")
+    _put_array(template, s / "grp/arr")
+    os.chown(s / "grp", 0, gid)
+    (s / "grp").chmod(0o705)
+    (s / "grplink").symlink_to("grp/arr")
+    # owned by the reader, 0055: the reader, its owner, is stopped
+    _put_array(template, s / "own")
+    os.chown(s / "own/c", uid, 0)
+    (s / "own/c").chmod(0o055)
+    # ACLs that deny the reader: a row directory, a shard, an array (the reader's group), a file
+    _put_array(template, s / "acl_row")
+    set_acl(s / "acl_row/c/1", f"u::rwx,u:{uid}:---,g::r-x,m::r-x,o::r-x")
+    _put_array(template, s / "acl_shard")
+    set_acl(s / "acl_shard/c/0/1", f"u::rw-,u:{uid}:---,g::r--,m::r--,o::r--")
+    _put_array(template, s / "acl_group")
+    set_acl(s / "acl_group", f"u::rwx,g::r-x,g:{gid}:---,m::r-x,o::r-x")
+    set_acl(s / "misc/open.txt", f"u::rw-,u:{uid}:---,g::r--,m::r--,o::r--")
+    (s / "acl_linked").symlink_to("acl_row")
+    # what mode bits cannot express (narrower: the reader passes in the store, not in the mount)
+    _put_array(template, s / "narrow_foreign")
+    set_acl(s / "narrow_foreign/c", f"u::rwx,u:{FOREIGN_UID}:---,g::r-x,m::r-x,o::r-x")
+    _group(s / "narrow_group")
+    _put_array(template, s / "narrow_group/arr")
+    os.chown(s / "narrow_group", 0, gid)
+    (s / "narrow_group").chmod(0o750)
+    _put_array(template, s / "narrow_grant")
+    (s / "narrow_grant/c/0/0").chmod(0o600)
+    set_acl(s / "narrow_grant/c/0/0", f"u::rw-,u:{uid}:r--,g::---,m::r--,o::---")
+    yield s
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
+def test_links_and_acls_never_open_more_than_the_store(attacked_store, reader, view):
+    """The attacker's layouts and more (see `attacked_store`), in every view: every file the
+    reader reads through an allow_other mount it also reads in the store by the same path;
+    everything the store lets it read is readable through the mount too, except where mode
+    bits cannot say it (those are shown narrower, on purpose). Before: 257 files of the 0700
+    array and the secret notes through links, 64 chunk files under the ACL-denied row."""
+    s = attacked_store
+    mnt = s.parent / f"mnt-{view}"
+    mnt.mkdir(exist_ok=True)
+    mnt.chmod(0o755)
+    with zvfs_mount(s, mnt, options=["allow_other", f"view={view}"]):
+        got = _compare(s, mnt, view, exact_unless=("narrow_",))
+        closed = [mnt / "linkarr" / p for p in ("zarr.json", ".zarray", "attributes.json")]
+        assert any(p.exists() for p in closed), "root sees the linked array"
+        can = reader_can([("read", p) for p in closed if p.exists()])
+        assert not any(can.values()), "the reader reads a 0700 array's metadata through a link"
+        if view == "zarr":
+            probe = reader_can([("read", mnt / "misc/notes_link"), ("read", mnt / "misc/dirlink/x.txt"),
+                                ("list", mnt / "misc/dirlink"), ("read", mnt / "misc/open_link"),
+                                ("read", mnt / "a/c/0/0"), ("read", mnt / "a/c/2/2"), ("read", mnt / "chain/c/0/0"),
+                                ("read", mnt / "abs_open/c/0/0"), ("read", mnt / "acl_row/c/0/0"),
+                                ("read", mnt / "acl_row/c/2/2"), ("read", mnt / "acl_linked/c/2/2")])
+            assert not probe[("read", str(mnt / "misc/notes_link"))], "the secret notes through a link"
+            assert not probe[("read", str(mnt / "misc/dirlink/x.txt"))] and not probe[("list", str(mnt / "misc/dirlink"))]
+            assert not probe[("read", str(mnt / "misc/open_link"))], "a pass-through file whose ACL denies the reader"
+            assert not probe[("read", str(mnt / "a/c/2/2"))], "a chunk of the shard linked into private/"
+            assert not probe[("read", str(mnt / "chain/c/0/0"))], "a link to a link through a 0700 directory"
+            assert not probe[("read", str(mnt / "acl_row/c/2/2"))] and not probe[("read", str(mnt / "acl_linked/c/2/2"))]
+            assert probe[("read", str(mnt / "a/c/0/0"))] and probe[("read", str(mnt / "abs_open/c/0/0"))]
+            assert probe[("read", str(mnt / "acl_row/c/0/0"))], "the rows the ACL does not deny stay readable"
+        assert got["readable"] >= 60, f"{view}: the reader reads almost nothing: {got}"
+
+
+# -- through real mounts: random layouts --------------------------------------------------------
+
+#: pool directories: (mode, owner, group, ACL spec or None, narrower on purpose)
+POOL = {
+    "open": (0o755, 0, 0, None, False),
+    "closed": (0o700, 0, 0, None, False),
+    "x711": (0o711, 0, 0, None, False),
+    "grp705": (0o705, 0, "reader", None, False),
+    "own055": (0o055, "reader", 0, None, False),
+    "aclr": (0o755, 0, 0, "u::rwx,u:{uid}:---,g::r-x,m::r-x,o::r-x", False),
+    "aclg": (0o755, 0, 0, "u::rwx,g::r-x,g:{gid}:--x,m::r-x,o::r-x", False),
+    "narrow_aclf": (0o755, 0, 0, "u::rwx,u:{foreign}:---,g::r-x,m::r-x,o::r-x", True),
+    "narrow_g750": (0o750, 0, "reader", None, True),
+}
+HOP_MODES = [0o755, 0o700, 0o711, 0o701, 0o750, 0o705]
+
+
+
+
+def random_layout(template: Path, root: Path, seed: int) -> None:
+    """A store with a pool of arrays and files in directories of every kind above (each array
+    with a random row directory or shard closed by mode or ACL), and random links to them: whole
+    arrays, `c/`, row directories, shards, pass-through files and directories, relative and
+    absolute, chains of links through `hops/` directories of random modes, `..` through them,
+    links to links."""
+    uid, gid = reader_ids()
+    rnd = random.Random(seed)
+    _group(root)
+    _group(root / "pool")
+    (root / "pool").chmod(0o755)
+    for name, (mode, owner, group, acl, _) in POOL.items():
+        d = root / "pool" / name
+        _group(d)
+        _put_array(template, d / "arr")
+        (d / "t.txt").write_text(name)
+        (d / "sub").mkdir()
+        (d / "sub/t.txt").write_text(name + "/sub")
+        for p in (d / "t.txt", d / "sub/t.txt"):
+            p.chmod(0o644)
+        (d / "sub").chmod(0o755)
+        # something closed inside each array
+        what = rnd.choice(["row700", "rowacl", "shard600", "shardacl", "shardgrp", "nothing"])
+        row, shard = d / f"arr/c/{rnd.randrange(2)}", d / f"arr/c/{rnd.randrange(2)}/{rnd.randrange(2)}"
+        if what == "row700":
+            row.chmod(0o700)
+        elif what == "rowacl":
+            set_acl(row, f"u::rwx,u:{uid}:---,g::r-x,m::r-x,o::r-x")
+        elif what == "shard600":
+            shard.chmod(0o600)
+        elif what == "shardacl":
+            set_acl(shard, f"u::rw-,g::r--,g:{gid}:---,m::r--,o::r--")
+        elif what == "shardgrp":
+            os.chown(shard, 0, gid)
+            shard.chmod(0o640)
+        os.chown(d, uid if owner == "reader" else owner, gid if group == "reader" else group)
+        d.chmod(mode)
+        if acl:
+            set_acl(d, acl.format(uid=uid, gid=gid, foreign=FOREIGN_UID))
+    _group(root / "hops")
+    hops = []
+    for k in range(4):
+        h = root / "hops" / f"h{k}"
+        _group(h)
+        hops.append(h)
+    (root / "misc").mkdir()
+    targets = list(POOL)
+    links: list[str] = []  # visible links to whole arrays (for links to links)
+    for n in range(14):
+        pool = rnd.choice(targets)
+        kind = rnd.choice(["arr", "arr", "chain", "dotdot", "abs", "c", "row", "shard", "file", "dir", "tolink"])
+        v = root / f"v{n}"
+        if kind == "arr":
+            v.symlink_to(f"pool/{pool}/arr")
+            links.append(v.name)
+        elif kind == "abs":
+            v.symlink_to(str(root / "pool" / pool / "arr"))
+            links.append(v.name)
+        elif kind == "chain":
+            h = rnd.choice(hops)
+            (h / f"l{n}").symlink_to(f"../../pool/{pool}/arr")
+            v.symlink_to(f"hops/{h.name}/l{n}")
+            links.append(v.name)
+        elif kind == "dotdot":
+            v.symlink_to(f"hops/{rnd.choice(hops).name}/../../pool/{pool}/arr")
+            links.append(v.name)
+        elif kind == "tolink" and links:
+            v.symlink_to(rnd.choice(links))
+        elif kind in ("c", "row", "shard"):
+            _put_array(template, v)
+            if kind == "c":
+                shutil.rmtree(v / "c")
+                (v / "c").symlink_to(f"../pool/{pool}/arr/c")
+            elif kind == "row":
+                r = rnd.randrange(2)
+                shutil.rmtree(v / f"c/{r}")
+                (v / f"c/{r}").symlink_to(f"../../pool/{pool}/arr/c/{r}")
+            else:
+                r, q = rnd.randrange(2), rnd.randrange(2)
+                (v / f"c/{r}/{q}").unlink()
+                (v / f"c/{r}/{q}").symlink_to(f"../../../pool/{pool}/arr/c/{r}/{q}")
+        elif kind == "file":
+            (root / "misc" / f"f{n}").symlink_to(f"../pool/{pool}/{rnd.choice(['t.txt', 'sub/t.txt'])}")
+        else:
+            (root / "misc" / f"d{n}").symlink_to(f"../pool/{pool}/sub")
+    for h in hops:  # the hops closed last (the links above were made through them)
+        h.chmod(rnd.choice(HOP_MODES))
+        if rnd.random() < 0.3:
+            os.chown(h, 0, gid)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3])
+def random_store(template, reader, request):
+    base = Path(tempfile.mkdtemp(prefix=f"zvfs-random{request.param}-"))
+    base.chmod(0o755)
+    random_layout(template, base / "store.zarr", request.param)
+    yield base / "store.zarr"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
+def test_random_link_layouts_never_open_more_than_the_store(random_store, reader, view):
+    """Random links (whole arrays, `c/`, row directories, shards, pass-through files and
+    directories; relative, absolute, chains through hop directories of random modes, `..`,
+    links to links) into a pool of directories closed in every way (mode, owner, group, ACLs):
+    for every file of the mount, the reader reads it through the mount only if it reads it in
+    the store, and (outside the layouts mode bits cannot express) exactly then."""
+    mnt = random_store.parent / f"mnt-{view}"
+    mnt.mkdir(exist_ok=True)
+    mnt.chmod(0o755)
+    with zvfs_mount(random_store, mnt, options=["allow_other", f"view={view}"]):
+        got = _compare(random_store, mnt, view, exact_unless=("narrow_",))
+    assert got["readable"] > 0, got
+
+
+def test_refresh_sees_a_link_retargeted_and_an_acl_added(attacked_store, reader):
+    """After `zvfs refresh`, a link that now leads into 0700 `private/` and a new ACL that denies
+    the reader on a row directory close what they lead to (directory facts are read again)."""
+    s = attacked_store.parent / "refresh.zarr"
+    shutil.copytree(attacked_store / "a", s / "a", symlinks=True)
+    shutil.copytree(attacked_store / "private", s / "private", symlinks=True)
+    _group(s)
+    (s / "a/c/1/1").unlink()
+    shutil.copy(attacked_store / "private/arr/c/1/1", s / "a/c/1/1")
+    (s / "a/c/1/1").chmod(0o644)
+    (s / "mirror").symlink_to("a")
+    mnt = attacked_store.parent / "mnt-refresh"
+    mnt.mkdir(exist_ok=True)
+    mnt.chmod(0o755)
+    try:
+        with zvfs_mount(s, mnt, options=["allow_other"]):
+            probe = [("read", mnt / "mirror/c/0/0"), ("read", mnt / "a/c/2/0")]
+            assert all(reader_can(probe).values())
+            (s / "mirror").unlink()
+            (s / "mirror").symlink_to("private/arr")
+            set_acl(s / "a/c/1", f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x")
+            assert run_zvfs("refresh", mnt).returncode == 0
+            can = reader_can(probe)
+            assert not can[("read", str(mnt / "mirror/c/0/0"))] and not can[("read", str(mnt / "a/c/2/0"))], can
+    finally:
+        shutil.rmtree(s, ignore_errors=True)

@@ -74,8 +74,26 @@ replaced by rename keeps serving its old bytes to the handles that opened it (th
 file's ctime moves when it loses its last link: a pinned read accepts that change when the
 link count is 0 and size, mtime and identity are unchanged).
 
-Permission bits of versions and listing entries are the file's own read bits folded over the
-directories above it (storage/access.py): what a reader of the store can reach.
+Permission bits of versions and listing entries are the file's own read bits, narrowed by its
+POSIX ACL, folded over every directory a reader searches on the way to it, symlinks followed
+(storage/access.py, storage/walk.py): what a reader of the store can reach. What that costs:
+
+* directories: the walk of a store directory (one lstat per component, a readlink per link, a
+  stat and, where the group class has bits, a getxattr per directory searched) runs in a
+  worker thread once per directory and is kept (`_walks`, `_facts`; `zvfs refresh` forgets
+  them; a listing walks its directory afresh and teaches the walks of its subdirectories);
+* files: nothing per open (`pin_now` is unchanged: one openat2 + fstat). When a Version is
+  made (a file's first open, or a change: new size, mtime or ctime; an ACL change moves the
+  ctime) the file's ACL is read from its open descriptor (one fgetxattr, on the loop for
+  local filesystems; skipped where it cannot matter: no group bits, or the directories
+  already stop group and others), and the descriptor's real path is compared with the real
+  path of its directory's walk: a file reached through a link of its own (`c/1/1 ->
+  ../../private/shard`) or a stale walk is walked afresh in a thread, once per descriptor
+  (`_Open.via`), and gets no bits at all if that walk does not reach the file opened.
+
+Measured (ext4, a store of 64 row directories of 64 shards, LocalStore directly, best of 11):
+listing all 65 directories 20 -> 26 ms (+1.5 us an entry), the first `current` of all 4096
+shards +2.7 us each (the ACL read).
 """
 
 from __future__ import annotations
@@ -93,9 +111,10 @@ from dataclasses import dataclass
 import trio
 
 from ..errors import ShardChanged, StorageError
-from .access import Dir, reach
+from .access import CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach
 from .base import Entries, Entry, Pin, Store, Version, proof
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
+from .walk import Gate, Walked, join, resolve
 
 log = logging.getLogger("zvfs.storage.local")
 
@@ -113,6 +132,9 @@ STABLE_READ_ATTEMPTS = 3
 SETTLE_NS = 2_000_000_000
 #: Directory stats and reach masks remembered (per directory, per owner of files below it).
 DIRS_KEPT = 1 << 16
+#: Subdirectories whose walks one listing teaches at most (a huge directory teaches none of
+#: its own: they are walked when used).
+CHILD_WALKS_KEPT = 1024
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SLOW = object()  # "ask a worker thread"
@@ -176,14 +198,19 @@ def _settled(st: os.stat_result) -> bool:
     return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= SETTLE_NS
 
 
-def version_of(st: os.stat_result, reach_bits: int = 0o777, settled: bool = False) -> Version:
+def version_of(st: os.stat_result, reach_bits: int = 0o777, settled: bool = False, own: int | None = None) -> Version:
+    """`own`: the file's bits narrowed by its ACL (default: its mode bits)."""
     size, tag = _state(st)
-    return Version(size, tag, st.st_mtime, stat.S_IMODE(st.st_mode) & reach_bits, st.st_uid, st.st_gid,
-                   settled or _settled(st))
+    return Version(size, tag, st.st_mtime, (stat.S_IMODE(st.st_mode) if own is None else own) & reach_bits,
+                   st.st_uid, st.st_gid, settled or _settled(st))
 
 
-def _dir_of(st: os.stat_result) -> Dir:
-    return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+def _acl_blocking(fd: int) -> bytes | None:
+    """`acl_of` a dup'ed descriptor that it closes (worker thread)."""
+    try:
+        return acl_of(fd)
+    finally:
+        os.close(fd)
 
 
 def _kind(mode: int) -> str:
@@ -273,6 +300,8 @@ class _Open:
     fine: bool = False  # a change after a stat gets a new timestamp (FINE_TIMESTAMPS)
     version: Version | None = None  # the last Version handed out for this file
     path: bytes = b""  # the key's path below the root, encoded (the stat of every open looks it up)
+    real: str = ""  # the real path of the file opened (no symlinks)
+    via: tuple[Dir, ...] | None = None  # the directories a reader passes to it, when walked on its own
     pins: int = 0  # open files holding it (`LocalPin`): it is closed when the last lets go
     dropped: bool = False  # no longer the key's cached descriptor
 
@@ -321,10 +350,7 @@ class LocalStore(Store):
         self._cached_opens = True  # openat2(RESOLVE_CACHED) works on this kernel
         self._scratch = memoryview(bytearray(1 << 20))  # RWF_NOWAIT target of reads up to 1 MiB
         #: the directories above the store root, and the root (a reader must search them all)
-        parts = self.real_root.strip("/").split("/") if self.real_root != "/" else []
-        self._above = tuple(_dir_of(os.stat("/" + "/".join(parts[:i]))) for i in range(len(parts)))
-        self._dirs: dict[str, Dir] = {"": _dir_of(os.stat(self.real_root))}  # store directory -> its stat
-        self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
+        self._forget_directories()
         self._root_fd = os.open(self.real_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # (`_lookup_cached`)
 
     # -- paths, limits, descriptors ------------------------------------------------------
@@ -452,7 +478,7 @@ class LocalStore(Store):
             _close(fd, local)
             return self._fds[key], None
         o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local, memory=fstype in MEMORY_FS_TYPES,
-                                   fine=fstype in FINE_TIMESTAMPS)
+                                   fine=fstype in FINE_TIMESTAMPS, real=real)
         if len(self._fds) > self._max_open:
             self._drop(*next(iter(self._fds.items())))
         return o, st
@@ -493,51 +519,181 @@ class LocalStore(Store):
         o = self._fds.get(key)
         if o is not None and o.version is not None and o.version.settled and _matches(st, o.version):
             return o.version
-        fine = barred and o is not None and o.fine and (st.st_dev, st.st_ino) == o.ident
-        v = version_of(st, await self._reach(key.rpartition("/")[0], st.st_uid, st.st_gid), fine)
-        if o is not None and (st.st_dev, st.st_ino) == o.ident:
+        same = o is not None and (st.st_dev, st.st_ino) == o.ident
+        fine = barred and same and o.fine
+        bits, own = await self._file_bits(key, st, o if same else None)
+        v = version_of(st, bits, fine, own)
+        if same:
             o.version = v
         return v
 
+    async def _file_bits(self, key: str, st: os.stat_result, o: _Open | None) -> tuple[int, int]:
+        """(the classes of readers that reach the file, its own bits narrowed by its ACL) for
+        `st`, a stat of the file `key` names; `o`: the descriptor `st` is of, if known. A file
+        whose real path is its directory's (walked, remembered) real path plus its name is
+        reached through that directory; any other (a link of its own, a walk gone stale, no
+        descriptor) is walked afresh, and if that walk does not reach this very file, nobody
+        but root reads it."""
+        mode = stat.S_IMODE(st.st_mode)
+        dirs = None if o is None else o.via
+        if o is not None and dirs is None:
+            parent, _, name = key.rpartition("/")
+            real_parent = await self._walk_to(parent)
+            if real_parent is not None and o.real == join(real_parent, name):
+                bits = await self._reach(parent, st.st_uid, st.st_gid)
+                return bits, await self._own_bits(mode, bits, st, o)
+        if dirs is None:
+            walked = await self._walk(key)
+            if walked.st is None or (walked.st.st_dev, walked.st.st_ino) != (st.st_dev, st.st_ino):
+                return 0, mode
+            dirs = self._above + tuple(self._fact(g, walked.facts) for g in walked.gates)
+            if o is None:
+                return reach(dirs, st.st_uid, st.st_gid), walked.own if walked.st.st_ctime_ns == st.st_ctime_ns else mode & 0o700
+            o.via = dirs
+        bits = reach(dirs, st.st_uid, st.st_gid)
+        return bits, await self._own_bits(mode, bits, st, o)
+
+    async def _own_bits(self, mode: int, bits: int, st: os.stat_result, o: _Open) -> int:
+        """The file's bits narrowed by its ACL, read from its descriptor (once per Version: an
+        ACL change moves the ctime); not read where it cannot matter (no group bits: the
+        kernel does not look; or group and others stopped above anyway)."""
+        if not needs_acl(mode) or not mode & bits & 0o077:
+            return mode
+        acl = acl_of(o.fd) if o.local else await self._in_thread(o.mount, _acl_blocking, os.dup(o.fd))
+        return narrowed(mode, acl, st.st_uid)
+
     async def _reach(self, prefix: str, uid: int, gid: int) -> int:
-        """`access.reach` of the directories from / down to store directory `prefix`, for a
-        file owned by uid:gid (remembered per directory and owner)."""
+        """`access.reach` of the directories a reader searches to look a name up in store
+        directory `prefix`, for a file owned by uid:gid (remembered per directory and owner)."""
         found = self._reaches.get((prefix, uid, gid))
         if found is None:
-            found = reach(self._above + await self._dirs_to(prefix), uid, gid)
+            dirs = await self._dirs_to(prefix)
+            if dirs is None:  # (gone meanwhile: closed, and not remembered)
+                return reach((CLOSED,), uid, gid)
+            found = reach(dirs, uid, gid)
             if len(self._reaches) >= DIRS_KEPT:
                 self._reaches.clear()
             self._reaches[(prefix, uid, gid)] = found
         return found
 
-    async def _dirs_to(self, prefix: str) -> tuple[Dir, ...]:
-        """The stats of the store directories from the root down to `prefix` (remembered; the
-        ones not known yet are taken in a worker thread)."""
-        parts = prefix.split("/") if prefix else []
-        names = ["/".join(parts[:i]) for i in range(len(parts) + 1)]
-        missing = [n for n in names if n not in self._dirs]
-        for n in list(missing):  # on the loop from the kernel's caches (just walked through), if it can
-            got = self._lookup_cached(n) if self._cached_opens else _SLOW
-            if got is not None and got is not _SLOW:
-                os.close(got[0])
-                self._dirs[n] = _dir_of(got[1])
-                missing.remove(n)
-        if missing:
-            stats = await self._in_thread(self._lexical_mount(prefix), _stat_dirs, [self._path(n) for n in missing])
-            if len(self._dirs) >= DIRS_KEPT:
-                self._dirs = {"": self._dirs[""]}
-            self._dirs.update(zip(missing, stats))
-        return tuple(self._dirs.get(n, (0, 0, 0)) for n in names)
+    def _fact(self, gate: Gate, fresh: dict[str, Dir] | None = None) -> Dir:
+        if not isinstance(gate, str):
+            return gate
+        got = fresh.get(gate) if fresh is not None else None
+        return got if got is not None else self._facts.get(gate, CLOSED)
+
+    async def _dirs_to(self, prefix: str) -> tuple[Dir, ...] | None:
+        """Every directory a reader searches to look a name up in store directory `prefix`,
+        from / down, symlinks followed, `prefix` itself last (its walk is remembered; taken in
+        a worker thread when not known); None when it cannot be reached."""
+        w = self._walks.get(prefix) or self._walk_cached(prefix)
+        if w is None or any(isinstance(g, str) and g not in self._facts for g in (*w[1], w[0])):
+            walked = await self._walk(prefix)
+            if walked.real is None or not stat.S_ISDIR(walked.st.st_mode):
+                return None
+            return self._above + tuple(self._fact(g, walked.facts) for g in (*walked.gates, walked.real))
+        real, gates = w
+        return self._above + tuple(self._fact(g) for g in (*gates, real))
+
+    async def _walk_to(self, prefix: str) -> str | None:
+        """The real path of store directory `prefix` (its walk remembered), None if unreachable."""
+        w = self._walks.get(prefix) or self._walk_cached(prefix)
+        if w is None:
+            await self._walk(prefix)
+            w = self._walks.get(prefix)
+        return None if w is None else w[0]
+
+    def _walk_cached(self, prefix: str) -> tuple[str, tuple[Gate, ...]] | None:
+        """The walk of store directory `prefix` on the loop, where it needs no thread: its
+        nearest known ancestor's walk has no link (its real path is its lexical one), the rest
+        of the way is a plain path from the kernel's caches (`_lookup_cached`: no symlink, no
+        I/O), on a local filesystem; each directory's stat from its O_PATH descriptor, its ACL
+        read through /proc/self/fd where the group class has bits. None: ask a worker thread."""
+        if not self._cached_opens:
+            return None
+        parts = prefix.split("/")
+        known = len(parts) - 1
+        while known > 0 and "/".join(parts[:known]) not in self._walks:
+            known -= 1
+        above = "/".join(parts[:known])
+        real, gates = self._walks[above]
+        if real != self._real_path(above):  # a link on the way: only a walk can tell
+            return None
+        got: list[tuple[str, str, tuple[Gate, ...], Dir]] = []
+        for i in range(known, len(parts)):
+            key = "/".join(parts[:i + 1])
+            gates, real = gates + (real,), join(real, parts[i])
+            if self._mounts.mount_of(real)[1] not in LOCAL_FS_TYPES:
+                return None
+            found = self._lookup_cached(key)
+            if found is None or found is _SLOW:
+                return None
+            pfd, st = found
+            try:
+                if not stat.S_ISDIR(st.st_mode):
+                    return None
+                acl = None
+                if needs_acl(stat.S_IMODE(st.st_mode)):
+                    acl = acl_of(f"/proc/self/fd/{pfd}", follow_symlinks=True)
+                got.append((key, real, gates, dir_of(st, acl)))
+            finally:
+                os.close(pfd)
+        self._learn(Walked(real, prefixes=[(key, r, g) for key, r, g, _ in got], facts={r: d for _, r, _, d in got}))
+        return self._walks.get(prefix)
+
+    async def _walk(self, key: str) -> Walked:
+        """A fresh walk of `key` from the store root (worker thread); what it found about
+        directories is remembered."""
+        walked = await self._in_thread(self._lexical_mount(key), resolve, self.real_root,
+                                       key.split("/") if key else [], "", self._protected)
+        self._learn(walked)
+        return walked
+
+    def _learn(self, walked: Walked) -> None:
+        """Remember the walks and directory facts of `walked` (fresher than what is kept: a
+        fact that changed makes every remembered reach be folded anew)."""
+        if walked.real is None and not walked.prefixes:
+            return
+        if len(self._walks) + len(walked.prefixes) > DIRS_KEPT or len(self._facts) + len(walked.facts) > DIRS_KEPT:
+            self._walks = {"": self._walks[""]}
+            self._facts = {self.real_root: self._facts[self.real_root]}
+            self._reaches.clear()
+        changed = False
+        for key, real, gates in walked.prefixes:
+            old = self._walks.get(key)
+            if old != (real, gates):
+                changed |= old is not None
+                self._walks[key] = (real, gates)
+        for path, d in walked.facts.items():
+            old = self._facts.get(path)
+            if old != d:
+                changed |= old is not None
+                self._facts[path] = d
+        if changed:
+            self._reaches.clear()
+
+    def _forget_directories(self) -> None:
+        self._protected = protected_symlinks()
+        #: the directories above the store root (a reader must search them all) ...
+        parts = self.real_root.strip("/").split("/") if self.real_root != "/" else []
+        self._above: tuple[Dir, ...] = tuple(dir_facts("/" + "/".join(parts[:i])) for i in range(len(parts)))
+        #: ... and below it: real directory path -> Dir (ACL folded in); store directory -> (its
+        #: real path, the gates on the way: access.walk)
+        self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root)}
+        self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
+        self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
 
     def forget_directories(self) -> None:
-        """`zvfs refresh`: directory permissions are read again."""
-        self._dirs = {"": _dir_of(os.stat(self.real_root))}
-        self._reaches.clear()
+        """`zvfs refresh`: directory permissions, ACLs and symlinks are read again (and the
+        bits of files already open with them)."""
+        self._forget_directories()
+        for o in self._fds.values():
+            o.via = o.version = None
 
     def root_mode(self) -> tuple[int, int, int]:
-        """(mode, uid, gid) of the store root as a reader sees it: its read and search bits,
-        less the readers that a directory above it stops."""
-        uid, gid, mode = self._dirs[""]
+        """(mode, uid, gid) of the store root as a reader sees it: its read and search bits
+        (ACL folded in), less the readers that a directory above it stops."""
+        uid, gid, mode = self._facts.get(self.real_root) or dir_facts(self.real_root)
         return mode & reach(self._above, uid, gid), uid, gid
 
     # -- reads ---------------------------------------------------------------------------
@@ -746,43 +902,41 @@ class LocalStore(Store):
             mode, uid, gid = self.root_mode()
             st = os.stat(self.real_root)
             return Entry("", True, 0, mode, st.st_mtime, uid, gid)
-        try:
-            st = await self._in_thread(self._lexical_mount(key), os.stat, self._path(key))
-        except OSError:
+        walked = await self._walk(key)  # (afresh: the views' directories, when a store is opened)
+        st = walked.st
+        if st is None or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) or not self._inside(walked.real):
             return None
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) or not self._inside(os.path.realpath(self._path(key))):
-            return None
-        parent = key.rpartition("/")[0]
-        bits = await self._reach(parent, st.st_uid, st.st_gid)
+        bits = reach(self._above + tuple(self._fact(g, walked.facts) for g in walked.gates), st.st_uid, st.st_gid)
         is_dir = stat.S_ISDIR(st.st_mode)
-        return Entry(key.rpartition("/")[2], is_dir, 0 if is_dir else st.st_size, stat.S_IMODE(st.st_mode) & bits,
+        return Entry(key.rpartition("/")[2], is_dir, 0 if is_dir else st.st_size, walked.own & bits,
                      st.st_mtime, st.st_uid, st.st_gid,
                      None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
 
     # -- listings ------------------------------------------------------------------------
 
     async def list(self, prefix: str) -> Entries | None:
-        above = self._above + await self._dirs_to(prefix)
         got = await self._in_thread(self._lexical_mount(prefix), self._list_blocking, prefix,
-                                    self._mounts.stalling_points(), above)
+                                    self._mounts.stalling_points())
         if got is None:
             return None
-        entries, listed = got
-        if self._dirs.get(prefix) != listed:  # its permissions changed: fold them anew
-            self._dirs[prefix] = listed
-            self._reaches.clear()
+        entries, learned = got
+        self._learn(learned)
         return entries
 
-    def _list_blocking(self, prefix: str, stalling: frozenset[str], above: tuple[Dir, ...]) -> tuple[Entries, Dir] | None:
-        """Entries of a directory, and the directory's own stat (worker thread). Left out:
-        special files (not keys), entries that lead outside the store (unless follow_symlinks),
-        and directories that are the listed directory or one of the directories on the way
-        down to it (a symlink loop such as `junk/a -> .` would otherwise make `find` and `cp -r`
+    def _list_blocking(self, prefix: str, stalling: frozenset[str]) -> tuple[Entries, Walked] | None:
+        """Entries of a directory, and what the listing learned of directories (worker thread):
+        the walk of the listed one, taken afresh, and of its subdirectories. Left out: special
+        files (not keys), entries that lead outside the store (unless follow_symlinks), and
+        directories that are the listed directory or one of the directories on the way down
+        to it (a symlink loop such as `junk/a -> .` would otherwise make `find` and `cp -r`
         run forever). A mount point of a filesystem that may stall is listed without a stat of
         its root (that stat would hold this thread, and with it the listings of the mount
         above, for as long as the filesystem hangs): a directory without mode and time. Modes
-        are folded over `above` (the directories from / down to the listed one)."""
+        are narrowed by each entry's ACL and folded over the directories a reader searches to
+        reach the listed one, symlinks followed (and, for an entry that is a link, over the
+        ones its target's walk searches)."""
         path = self._path(prefix)
+        walked = resolve(self.real_root, prefix.split("/") if prefix else [], "", self._protected)
         try:
             fd = os.open(path, OPEN_FLAGS | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
@@ -794,8 +948,15 @@ class LocalStore(Store):
             if not self._inside(real):
                 self._warn_once(path, f"{path}: leads outside the store (to {real}); not listed without -o follow_symlinks")
                 return None
-            listed = _dir_of(os.fstat(fd))
-            above = above[:-1] + (listed,)
+            st_dir = os.fstat(fd)
+            acl, acls = acl_support(fd)
+            listed = dir_of(st_dir, acl)
+            if walked.real == real and walked.st is not None and (walked.st.st_dev, walked.st.st_ino) == (st_dir.st_dev, st_dir.st_ino):
+                walked.facts[real] = listed
+                gates = walked.gates
+                above = self._above + tuple(self._fact(g, walked.facts) for g in gates) + (listed,)
+            else:  # changed between the walk and the open: nothing but root reads through it now
+                gates, above, walked = None, (CLOSED,), Walked(None)
             parts = prefix.split("/") if prefix else []
             ancestors = set()
             for i in range(len(parts) + 1):
@@ -803,32 +964,66 @@ class LocalStore(Store):
                 ancestors.add((st.st_dev, st.st_ino))
             reaches: dict[tuple[int, int], int] = {}
             out = Entries()
+            inner = gates + (real,) if gates is not None else None  # (the gates of the entries)
             with os.scandir(fd) as it:
                 for de in it:
-                    if os.path.join(real, de.name) in stalling:
+                    full = join(real, de.name)
+                    if full in stalling:
                         out.add(de.name, True, 0)
                         continue
-                    name = f"{path}/{de.name}"
-                    if de.is_symlink() and not self._inside(os.path.realpath(os.path.join(real, de.name))):
-                        self._warn_once(name, f"{name}: leads outside the store; not listed without -o follow_symlinks")
-                        continue
-                    try:
-                        st = de.stat()
-                    except OSError:
-                        continue  # dangling symlink, or gone meanwhile
+                    if de.is_symlink():
+                        name = f"{path}/{de.name}"
+                        w = None if inner is None else resolve(real, [de.name], prefix, self._protected, inner, walked.facts)
+                        if w is not None and w.real is not None and not self._inside(w.real):
+                            self._warn_once(name, f"{name}: leads outside the store; not listed without -o follow_symlinks")
+                            continue
+                        st = None if w is None or w.real is None else w.st
+                        if st is None:
+                            if inner is None:  # (the walk above failed: judged as before, shown closed)
+                                try:
+                                    st = os.stat(full)
+                                except OSError:
+                                    continue
+                                if not self._inside(os.path.realpath(full)):
+                                    continue
+                            else:
+                                continue  # dangling, a loop, or gone meanwhile
+                    else:
+                        w = None
+                        try:
+                            st = de.stat(follow_symlinks=False)
+                        except OSError:
+                            continue  # gone meanwhile
                     is_dir = stat.S_ISDIR(st.st_mode)
                     if is_dir and (st.st_dev, st.st_ino) in ancestors:
+                        name = f"{path}/{de.name}"
                         self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")
                         continue
                     if not is_dir and not stat.S_ISREG(st.st_mode):
                         continue
-                    owner = (st.st_uid, st.st_gid)
-                    bits = reaches.get(owner)
-                    if bits is None:
-                        bits = reaches[owner] = reach(above, *owner)
-                    out.add(de.name, is_dir, 0 if is_dir else st.st_size, stat.S_IMODE(st.st_mode) & bits, st.st_mtime,
+                    own = mode = st.st_mode & 0o777
+                    if w is not None and w.real is not None:  # a link: its own walk
+                        bits = reach(self._above + tuple(self._fact(g, w.facts) for g in w.gates), st.st_uid, st.st_gid)
+                        own = w.own
+                        if is_dir and len(walked.prefixes) < CHILD_WALKS_KEPT:
+                            walked.prefixes.append((f"{prefix}/{de.name}" if prefix else de.name, w.real, w.gates))
+                            walked.facts[w.real] = w.facts[w.real]
+                    else:
+                        owner = (st.st_uid, st.st_gid)
+                        bits = reaches.get(owner)
+                        if bits is None:
+                            bits = reaches[owner] = reach(above, *owner)
+                        # the entry's ACL, where it can narrow what is shown (access.needs_acl)
+                        if mode & 0o070 and (is_dir or mode & bits & 0o077) and (acls or st.st_dev != st_dir.st_dev):
+                            acl = acl_of(full)
+                            if acl is not None:
+                                own = narrowed(mode, acl, st.st_uid)
+                        if is_dir and inner is not None and len(walked.prefixes) < CHILD_WALKS_KEPT:
+                            walked.prefixes.append((f"{prefix}/{de.name}" if prefix else de.name, full, inner))
+                            walked.facts[full] = (st.st_uid, st.st_gid, own)
+                    out.add(de.name, is_dir, 0 if is_dir else st.st_size, own & bits, st.st_mtime,
                             st.st_uid, st.st_gid, None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
-            return out, listed
+            return out, walked
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from None
         finally:
@@ -840,14 +1035,3 @@ class LocalStore(Store):
         self._fds.clear()
         self._mounts.close()
         os.close(self._root_fd)
-
-
-def _stat_dirs(paths: list[str]) -> list[Dir]:
-    """Stats of directories (worker thread); a missing one counts as closed to everyone."""
-    out = []
-    for path in paths:
-        try:
-            out.append(_dir_of(os.stat(path)))
-        except OSError:
-            out.append((0, 0, 0))
-    return out
