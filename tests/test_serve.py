@@ -158,13 +158,19 @@ def test_validators(served):
 
 def test_listings(served):
     server, _, _ = served
-    status, h, body = _get(server, "/img/c/0/")
+    status, h, body = _get(server, "/img/c/0/", {"Accept": "application/json"})
     assert status == 200 and h["content-type"] == "application/json"
     names = [e["name"] for e in json.loads(body)["entries"]]
     assert names == [str(j) for j in range(6)]
     status, h, body = _get(server, "/", {"Accept": "text/html,application/xhtml+xml"})
     assert status == 200 and h["content-type"].startswith("text/html")
     assert b'href="/img"' in body and b"zarr.json" in body
+    # no preference (curl, fsspec's HTTP filesystem): links, as nginx's autoindex
+    status, h, body = _get(server, "/img/c/0/", {"Accept": "*/*"})
+    assert status == 200 and h["content-type"].startswith("text/html")
+    assert all(f'href="/img/c/0/{j}"'.encode() in body for j in range(6))
+    status, h, body = _get(server, "/img/c/0/?format=json")
+    assert [e["name"] for e in json.loads(body)["entries"]] == names
 
 
 def test_paths_that_try_to_get_out(served):

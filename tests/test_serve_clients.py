@@ -140,8 +140,6 @@ def test_zarr_python_3_reads_the_zarr_view_over_http(zarr_store, serve):
         assert_same(np.asarray(a[1:4, 3:]), want[path][1:4, 3:], f"zarr-python 3 {path}[1:4, 3:]")
 
 
-@pytest.mark.xfail(strict=True, reason="directories are JSON unless the client asks for HTML; fsspec's "
-                   "HTTPFileSystem.ls finds links in HTML only, so a group over HTTP lists no members")
 def test_zarr_python_3_lists_a_group_over_http(zarr_store, serve):
     root, _ = zarr_store
     group = zarr.open_group(serve(root, "--view", "zarr"), mode="r")

@@ -11,8 +11,9 @@ worker; no HTTP parsing here.
   the store does not let everyone read, 400 for a path that can never name a node; a backend
   fault (502), a damaged shard (500) or a shard that changed during the request (503) answers
   one line, with `Cache-Control: no-store`; details go to the log.
-- Directories: JSON (`{"entries": [...]}`), or an HTML page when the client prefers it
-  (`Accept: text/html`, `?format=html`).
+- Directories: an HTML page of links (as nginx's autoindex: what fsspec's HTTP filesystem,
+  and so zarr-python listing a group over HTTP, and wget read), or JSON (`{"entries": [...]}`)
+  when the client asks for it (`Accept: application/json`, `?format=json`).
 - `/.zvfs/ready`, `/.zvfs/health`, `/.zvfs/metrics` (Prometheus text), `/.zvfs/stats` (JSON).
 - CORS: off unless `--cors ORIGIN` (or `*`). A server on loopback is reachable by every page
   the user's browser opens, so any origin by default would let any web site read the data
@@ -245,7 +246,7 @@ class App:
             return await self._failure(send, e, path, cors)
         shown = "/" + "/".join(p for p in path.split("/") if p)
         fmt = (query.get("format") or [""])[0]
-        if fmt == "html" or not fmt and "text/html" in headers.get("accept", ""):
+        if fmt == "html" or not fmt and "application/json" not in headers.get("accept", ""):
             body, kind = self._html(shown, entries), "text/html; charset=utf-8"
         else:
             body = json.dumps({"path": shown, "entries": [

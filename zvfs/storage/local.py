@@ -270,6 +270,16 @@ def _verify_blocking(fd: int, evidence: tuple) -> tuple[bool, os.stat_result]:
         os.close(fd)
 
 
+def _process_budget() -> int:
+    """Descriptors that the stores of one process keep open at most, together: a quarter of
+    the soft RLIMIT_NOFILE (1024 on most desktops), so that a program reading several stores
+    in-process (the fsspec front: 263 descriptors per store once every shard was read, 1,103
+    in the test process) leaves the rest of the limit to itself."""
+    import resource
+
+    return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
+
+
 def _close(fd: int, local: bool) -> None:
     """Close on the loop for local filesystems; elsewhere in a thread of its own, not awaited:
     close(2) on FUSE sends a synchronous FLUSH, which a hung filesystem never answers."""
@@ -336,6 +346,9 @@ class LocalPin(Pin):
 
 
 class LocalStore(Store):
+    #: descriptors kept open by all the stores of this process (`_process_budget`)
+    kept = 0
+
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
         self.root = os.path.abspath(root)
         self.display = self.root
@@ -479,7 +492,8 @@ class LocalStore(Store):
             return self._fds[key], None
         o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local, memory=fstype in MEMORY_FS_TYPES,
                                    fine=fstype in FINE_TIMESTAMPS, real=real)
-        if len(self._fds) > self._max_open:
+        LocalStore.kept += 1
+        if len(self._fds) > self._max_open or (LocalStore.kept > _process_budget() and len(self._fds) > 1):
             self._drop(*next(iter(self._fds.items())))
         return o, st
 
@@ -487,6 +501,7 @@ class LocalStore(Store):
         """`o` stops being the key's descriptor; it is closed once no open file pins it."""
         if self._fds.get(key) is o:
             del self._fds[key]
+            LocalStore.kept -= 1
             o.dropped = True
             if not o.pins:
                 _close(o.fd, o.local)
@@ -1032,6 +1047,7 @@ class LocalStore(Store):
     async def aclose(self) -> None:
         for o in self._fds.values():
             _close(o.fd, o.local)
+        LocalStore.kept -= len(self._fds)
         self._fds.clear()
         self._mounts.close()
         os.close(self._root_fd)
