@@ -357,6 +357,9 @@ class LocalStore(Store):
         self.follow_symlinks = follow_symlinks
         self._fds: OrderedDict[str, _Open] = OrderedDict()
         self._max_open = max_open_files
+        #: reads of shard bytes made, and their bytes (`zvfs stats`: backend requests, bytes)
+        self.requests = 0
+        self.bytes = 0
         self._mounts = MountTable()
         self._limiters: dict[str, trio.CapacityLimiter] = {}
         self._warned: set[str] = set()
@@ -713,12 +716,19 @@ class LocalStore(Store):
 
     # -- reads ---------------------------------------------------------------------------
 
+    def _count(self, data: bytes) -> None:
+        self.requests += 1
+        self.bytes += len(data)
+
     def _pread_cached(self, o: _Open, off: int, n: int) -> bytes | memoryview | None:
         """`n` bytes at `off` if the page cache holds them (a short result at the end of the
         file), as a view of the scratch buffer (valid until the next read); None when the data
         needs a disk read or RWF_NOWAIT is not supported."""
         if o.memory:
-            return os.pread(o.fd, n, off)
+            data = os.pread(o.fd, n, off)
+            self.requests += 1
+            self.bytes += len(data)
+            return data
         # FUSE reads are at most 1 MiB (the mount's read-ahead): the scratch buffer serves them
         # all, so a FUSE read allocates nothing (pyfuse3 replies from the view) and `read`
         # allocates once (the bytes returned), as a plain pread does; a 256 KiB read through a
@@ -739,6 +749,8 @@ class LocalStore(Store):
             if part == 0:  # the end of the file
                 break
             got += part
+        self.requests += 1
+        self.bytes += got
         return buf[:got]
 
     async def _read(self, key: str, start: int, length: int | None, stable: bool,
@@ -774,6 +786,7 @@ class LocalStore(Store):
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
         if got is None:
             raise StorageError(f"{self._path(key)}: keeps changing while being read")
+        self._count(got[0])
         return got
 
     def read_now(self, key: str, start: int, length: int, expect: Version | None = None) -> bytes | memoryview | None:
@@ -874,6 +887,7 @@ class LocalStore(Store):
             data, st = await self._in_thread(o.mount, _read_blocking, os.dup(o.fd), start, length, False)
         except OSError as e:
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
+        self._count(data)
         if not _holds(st, v):
             raise ShardChanged(key)
         return data
