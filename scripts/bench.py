@@ -17,6 +17,10 @@ baselines, with configurations alternated, and reported as a ratio (the machine 
 - precomputed: precomputed volumes (raw: pass-through; compressed_segmentation: transcoded)
   through the Zarr v3, Zarr v2 and N5 views against tensorstore's precomputed driver
   (scripts/bench_precomputed.py).
+- serve: `zvfs serve` under wrk walking every chunk file, against nginx and `python -m
+  http.server` over the unsharded copy and nginx over a zvfs mount (requests/s, MB/s, CPU).
+- fsspec: the fsspec front's `cat_file` per chunk file, against open/read/close through a
+  mount and tensorstore reading the chunks from the shards.
 - RSS peak of the daemon for each mounted run.
 """
 
@@ -160,21 +164,43 @@ def median(xs):
 # --------------------------------------------------------------------------- sections
 
 
-def bench_local(work: Path, runs: int, quick: bool) -> list[dict]:
-    sizes = [("4 KiB", (64, 64), 4096), ("64 KiB", (256, 256), 4096), ("1 MiB", (1024, 1024), 256)]
-    if quick:
-        sizes = [(n, c, max(64, k // 16)) for n, c, k in sizes]
-    rows = []
-    for name, chunk, count in sizes:
-        side = int(round(count ** 0.5))
-        shape = (side * chunk[0], (count // side) * chunk[1])
-        shards = (chunk[0] * min(8, side), chunk[1] * min(8, count // side))
-        src = work / f"local-{name.replace(' ', '')}.zarr"
+#: the local section's arrays: name, chunk shape (uint8), chunk count
+LOCAL_SIZES = [("4 KiB", (64, 64), 4096), ("64 KiB", (256, 256), 4096), ("1 MiB", (1024, 1024), 256)]
+
+
+def local_sizes(quick: bool) -> list[tuple[str, tuple[int, int], int]]:
+    """LOCAL_SIZES; quick: a sixteenth of the chunks (at least 64)."""
+    return [(n, c, max(64, k // 16)) for n, c, k in LOCAL_SIZES] if quick else LOCAL_SIZES
+
+
+def fixture_tag(name: str, count: int) -> str:
+    """`4KiB` for an array of LOCAL_SIZES, `4KiB-256` for a quick one (the two never share files)."""
+    full = next(k for n, _, k in LOCAL_SIZES if n == name)
+    return name.replace(" ", "") + ("" if count == full else f"-{count}")
+
+
+def local_fixture(work: Path, name: str, chunk, count: int) -> tuple[Path, Path]:
+    """The sharded store `local-TAG.zarr` (2-d, shards of up to 8 x 8 chunks) and its unsharded
+    copy `copy-TAG` (a `cp -r` of the mount); shared by the local, serve and fsspec sections."""
+    side = int(round(count ** 0.5))
+    shape = (side * chunk[0], (count // side) * chunk[1])
+    shards = (chunk[0] * min(8, side), chunk[1] * min(8, count // side))
+    tag = fixture_tag(name, count)
+    src = work / f"local-{tag}.zarr"
+    if not src.exists():
         log(f"local {name}: {count} chunks, writing {np.prod(shape) >> 20} MiB")
-        write_sharded(src, shape, chunk, shards)
-        copy = work / f"copy-{name.replace(' ', '')}"
-        unsharded_copy(src, copy)
-        backing, table = work / f"floor-{name.replace(' ', '')}.bin", work / f"floor-{name.replace(' ', '')}.tsv"
+    write_sharded(src, shape, chunk, shards)
+    copy = work / f"copy-{tag}"
+    unsharded_copy(src, copy)
+    return src, copy
+
+
+def bench_local(work: Path, runs: int, quick: bool) -> list[dict]:
+    rows = []
+    for name, chunk, count in local_sizes(quick):
+        src, copy = local_fixture(work, name, chunk, count)
+        tag = fixture_tag(name, count)
+        backing, table = work / f"floor-{tag}.bin", work / f"floor-{tag}.tsv"
         floor_backing(copy, backing, table)
         for readers in (1, 4):
             t = {"ext4": [], "zvfs": [], "floor": [], **({"also": []} if ALSO else {})}
@@ -479,6 +505,260 @@ def bench_precomputed(work: Path, runs: int, quick: bool) -> list[dict]:
     return [{"section": "precomputed", "row": row} for row in precomputed_bench.run(runs, work)]
 
 
+# --------------------------------------------------------------------------- serve and fsspec fronts
+
+#: wrk's script: each request names the next chunk file of a list (the URL paths, one a line, in
+#: array order), cycling; wrk's connections share one thread, so they walk the list together
+WALK_LUA = """\
+local paths = {}
+local i = 0
+init = function(args)
+  for line in io.lines(args[1]) do paths[#paths + 1] = line end
+end
+request = function()
+  i = i % #paths + 1
+  return wrk.format("GET", paths[i])
+end
+"""
+
+#: seconds of each wrk run (quick: 1)
+SERVE_SECONDS = 3
+
+
+def chunk_paths(copy: Path) -> list[str]:
+    """The chunk files of an unsharded copy, relative, in C order (`c/0/0`, `c/0/1`, ...)."""
+    files = [p.relative_to(copy).as_posix() for p in (copy / "c").rglob("*") if p.is_file()]
+    return sorted(files, key=lambda f: tuple(int(x) for x in f.split("/")[1:]))
+
+
+def wrk(url: str, clients: int, seconds: float, script: Path, paths_file: Path) -> dict:
+    """`wrk -t1 -cN` walking the chunk list: requests per second; any non-2xx answer or socket
+    error fails the run (the figures would not be of chunk files)."""
+    out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script),
+                          url, "--", str(paths_file)], check=True, capture_output=True, text=True).stdout
+    bad = [line.strip() for line in out.splitlines() if "Non-2xx" in line or "Socket errors" in line]
+    if bad:
+        raise RuntimeError(f"wrk against {url}: {'; '.join(bad)}\n{out}")
+    return {"rps": float(next(line.split()[1] for line in out.splitlines() if line.startswith("Requests/sec:"))),
+            "requests": int(next(line.split()[0] for line in out.splitlines() if " requests in " in line))}
+
+
+def walk_once(url: str, paths: list[str], copy: Path, threads: int = 4) -> None:
+    """Every chunk file once over keep-alive connections (each server's caches and the kernel's
+    lookups warm before it is timed), checking status and length, and the bytes of every 61st."""
+    import http.client
+    import urllib.parse
+    from concurrent.futures import ThreadPoolExecutor
+
+    where = urllib.parse.urlsplit(url)
+
+    def part(k: int) -> None:
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+        try:
+            for n in range(k, len(paths), threads):
+                conn.request("GET", "/" + paths[n])
+                r = conn.getresponse()
+                body = r.read()
+                want = (copy / paths[n]).stat().st_size
+                if r.status != 200 or len(body) != want:
+                    hint = " (zvfs serve serves only what everyone may read: a world-readable --work)" if r.status == 403 else ""
+                    raise RuntimeError(f"{url}/{paths[n]}: {r.status}, {len(body)} bytes, expected 200 and {want}{hint}")
+                if n % 61 == 0 and body != (copy / paths[n]).read_bytes():
+                    raise RuntimeError(f"{url}/{paths[n]}: not the bytes of the copy")
+                if r.getheader("connection", "").lower() == "close" or r.version == 10:
+                    conn.close()
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(part, range(threads)))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def http_server(root: Path):
+    """`python -m http.server` over `root`: what users run today."""
+    from servers import _wait_port, free_port
+
+    port = free_port()
+    proc = subprocess.Popen([PY, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def nginx_over(root: Path, workdir: Path):
+    ng = Nginx(root, workdir, autoindex=False).start()
+    try:
+        yield ng.url
+    finally:
+        ng.stop()
+
+
+@contextmanager
+def zvfs_serving(src: Path, log_path: Path, *args: str):
+    from servers import ZvfsServe
+
+    server = ZvfsServe(src, *args, log=log_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: the servers of the serve section, in the order they are run (and shown)
+SERVERS = ["zvfs serve", "zvfs serve --no-access-log", "nginx over copy", "http.server over copy", "nginx over zvfs mount"]
+
+
+def bench_serve(work: Path, runs: int, quick: bool) -> list[dict]:
+    """`zvfs serve` against nginx over the unsharded copy, `python -m http.server` over the copy
+    and nginx over a zvfs mount: requests per second of wrk walking every chunk file, one and
+    16 connections (quick: 16); all five servers up at once, the runs alternated between them.
+    MB/s is requests/s times the chunk file's size; CPU is the zvfs process's (serve, or the
+    mount's daemon under nginx: nginx's own is not counted) per request."""
+    if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True, check=False).returncode:
+        raise SystemExit("bench: the serve section needs wrk (scripts/setup installs it)")
+    from contextlib import ExitStack
+
+    seconds = 1 if quick else SERVE_SECONDS
+    script = work / "walk.lua"
+    script.write_text(WALK_LUA)
+    rows = []
+    for name, chunk, count in local_sizes(quick):
+        src, copy = local_fixture(work, name, chunk, count)
+        paths = chunk_paths(copy)
+        size = int(np.prod(chunk))
+        tag = fixture_tag(name, count)
+        paths_file = work / f"serve-paths-{tag}.txt"
+        paths_file.write_text("".join(f"/{p}\n" for p in paths))
+        with ExitStack() as stack:
+            urls, pids = {}, {}
+            urls["nginx over copy"] = stack.enter_context(nginx_over(copy, work / f"nginx-serve-{tag}"))
+            urls["http.server over copy"] = stack.enter_context(http_server(copy))
+            mnt, pids["nginx over zvfs mount"], _ = stack.enter_context(mounted(src))
+            urls["nginx over zvfs mount"] = stack.enter_context(nginx_over(mnt, work / f"nginx-serve-mount-{tag}"))
+            for what, extra in (("zvfs serve", ()), ("zvfs serve --no-access-log", ("--no-access-log",))):
+                server = stack.enter_context(zvfs_serving(src, work / f"serve-{tag}-{len(extra)}.log", *extra))
+                urls[what], pids[what] = server.url, server.proc.pid
+            for what in SERVERS:
+                log(f"serve {name}: warming {what}")
+                walk_once(urls[what], paths, copy)
+            for clients in ((16,) if quick else (1, 16)):
+                rps: dict[str, list[float]] = {k: [] for k in SERVERS}
+                cpu: dict[str, list[float]] = {k: [] for k in pids}
+                for _ in range(runs):
+                    for what in SERVERS:
+                        before = cpu_seconds(pids[what]) if what in pids else 0.0
+                        got = wrk(urls[what], clients, seconds, script, paths_file)
+                        rps[what].append(got["rps"])
+                        if what in pids:
+                            cpu[what].append((cpu_seconds(pids[what]) - before) / got["requests"])
+                served = median(rps["zvfs serve"])
+                for what in SERVERS:
+                    rows.append({"section": "serve", "chunk": name, "files": len(paths), "clients": clients,
+                                 "server": what, "rps": median(rps[what]), "mb_s": median(rps[what]) * size / 1e6,
+                                 "serve_vs": served / median(rps[what]),
+                                 "cpu_us": median(cpu[what]) * 1e6 if what in cpu else None})
+                log(f"serve {name}, {clients} clients: " + ", ".join(f"{k} {median(v):.0f}/s" for k, v in rps.items()))
+    return rows
+
+
+def fmt_serve(r, rows):
+    cpu = "" if r["cpu_us"] is None else f"{r['cpu_us']:.0f}"
+    return (f"| {r['chunk']} x {r['files']} | {r['clients']} | {r['server']} | {r['rps']:.0f} | {r['mb_s']:.1f} | "
+            f"{r['serve_vs']:.2f} | {cpu} |")
+
+
+def _fsspec_worker(kind: str, root: str, files: list[str], threads: int, size: int, chunk: list[int]) -> float:
+    """One pass over `files` by `threads` threads of a fresh reader (opened before the clock
+    starts): `fsspec` (`fs.cat_file` on a new zvfs filesystem), `mount` (os.open + os.read +
+    os.close through the kernel), `tensorstore` (the zarr3 driver reading each chunk as an
+    array from the sharded store). Seconds."""
+    import threading
+
+    if kind == "fsspec":
+        import fsspec
+
+        fs = fsspec.filesystem("zvfs", fo=root, skip_instance_cache=True)
+        fs.info("zarr.json")  # (the source opened before the clock starts, as the others')
+
+        def read(f: str) -> int:
+            return len(fs.cat_file(f))
+    elif kind == "mount":
+        def read(f: str) -> int:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            try:
+                return len(os.read(fd, size))
+            finally:
+                os.close(fd)
+    else:
+        import tensorstore as ts
+
+        arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": root},
+                       "context": {"cache_pool": {"total_bytes_limit": 64 << 20}}}, read=True).result()
+
+        def read(f: str) -> int:
+            at = [int(x) for x in f.split("/")[1:]]
+            return arr[tuple(slice(i * c, (i + 1) * c) for i, c in zip(at, chunk))].read().result().nbytes
+
+    got = [0] * threads
+
+    def part(k: int) -> None:
+        got[k] = sum(read(f) for f in files[k::threads])
+
+    workers = [threading.Thread(target=part, args=(k,)) for k in range(threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    took = time.perf_counter() - start
+    assert sum(got) == size * len(files), (kind, sum(got))
+    return took
+
+
+def bench_fsspec(work: Path, runs: int, quick: bool) -> list[dict]:
+    """The fsspec front's cost per chunk file: `fs.cat_file` of every chunk file once, against
+    open + read + close of the same files through a zvfs mount and tensorstore reading the same
+    chunks from the shards; each a fresh reader (a new source, a new mount, a new tensorstore)
+    in a process of its own, one pass, the shards in the page cache; alternated."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    rows = []
+    for name, chunk, count in local_sizes(quick):
+        src, copy = local_fixture(work, name, chunk, count)
+        files = chunk_paths(copy)
+        size = int(np.prod(chunk))
+        for threads in ((4,) if quick else (1, 4)):
+            t: dict[str, list[float]] = {"fsspec": [], "mount": [], "tensorstore": []}
+            for _ in range(runs):
+                for kind, took in t.items():
+                    with (mounted(src) if kind == "mount" else _nothing()) as (mnt, _, _), \
+                            ProcessPoolExecutor(1, mp_context=ctx) as pool:
+                        root = str(mnt if kind == "mount" else src)
+                        took.append(pool.submit(_fsspec_worker, kind, root, files, threads, size, list(chunk)).result())
+            rows.append({"section": "fsspec", "chunk": name, "files": len(files), "threads": threads,
+                         **{k: median(v) / len(files) * 1e6 for k, v in t.items()}})
+    return rows
+
+
+def fmt_fsspec(r, rows):
+    return (f"| {r['chunk']} x {r['files']} | {r['threads']} | {r['fsspec']:.0f} | {r['mount']:.0f} | "
+            f"{r['tensorstore']:.0f} | {r['fsspec'] / r['mount']:.2f} | {r['fsspec'] / r['tensorstore']:.2f} |")
+
+
 #: name -> (title, table header, benchmark, row formatter)
 SECTIONS = {
     "local": ("Reading every chunk file (find | xargs cat), seconds; ratios zvfs/floor and zvfs/ext4",
@@ -499,14 +779,24 @@ SECTIONS = {
     "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
               ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
     "precomputed": (precomputed_bench.TITLE, precomputed_bench.HEADER, bench_precomputed, lambda r, rows: r["row"]),
+    "serve": (("zvfs serve: wrk walking every chunk file (keep-alive, -t1 -cN) against nginx and python -m "
+               "http.server over the unsharded copy and nginx over a zvfs mount, all up at once, alternated; "
+               "requests/s, MB/s (of chunk bytes), zvfs serve's requests/s over this server's, CPU of the zvfs "
+               "process per request"),
+              ["chunks", "clients", "server", "req/s", "MB/s", "zvfs serve ÷ this", "zvfs CPU µs/req"],
+              bench_serve, fmt_serve),
+    "fsspec": (("fsspec front: µs per chunk file, every chunk file read once by a fresh reader (fs.cat_file; "
+                "open+read+close through a zvfs mount; tensorstore zarr3 reading each chunk from the shards)"),
+               ["chunks", "threads", "fsspec cat_file", "mount", "tensorstore", "fsspec/mount", "fsspec/tensorstore"],
+               bench_fsspec, fmt_fsspec),
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--runs", type=int, default=5, help="repetitions per figure (median)")
-    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views,precomputed")
+    ap.add_argument("--runs", type=int, help="repetitions per figure (median; default 5, with --quick 1)")
+    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views,precomputed,serve,fsspec")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--also", metavar="REV", help="local section: also the zvfs of commit REV, alternated with the others "
@@ -520,12 +810,13 @@ def main() -> None:
         SECTIONS["local"][1].append(f"{ALSO[0]}/floor")
     sections = args.only.split(",")
     results = []
-    print(f"zvfs benchmarks, medians of {args.runs} runs, {os.cpu_count()} cores")
+    runs = args.runs or (1 if args.quick else 5)
+    print(f"zvfs benchmarks, medians of {runs} runs, {os.cpu_count()} cores")
     for name, (title, header, bench, fmt) in SECTIONS.items():
         if name not in sections:
             continue
         print(f"\n{title}\n| {' | '.join(header)} |\n|{'---|' * len(header)}", flush=True)
-        rows = bench(work, args.runs, args.quick)
+        rows = bench(work, runs, args.quick)
         for r in rows:
             print(fmt(r, rows), flush=True)
         results += rows
