@@ -6,6 +6,8 @@ answers misbehave before it serves correctly again, None = always):
 - ``ok``: correct Range support (206 with Content-Range, 416 past the end), ETag, Last-Modified
 - ``ignore_range``: 200 with the whole body, as `python -m http.server`, some proxies and
   CDNs on a miss do
+- ``endless200``: Range ignored, and a 200 without Content-Length whose body is the whole
+  object followed by `extra` more bytes, until the client closes the connection
 - ``wrong_range``: a 206 whose Content-Range and bytes are of another range than asked for
 - ``short``: the announced body is cut short and the connection closed
 - ``stall``: no answer for `stall` seconds
@@ -141,6 +143,8 @@ class MisbehavingHTTP:
                     return self._send(302, {"Location": f"{server.redirect_to}{self.path}"})
                 if mode == "ignore_range":
                     return self._send(200, meta, data)
+                if mode == "endless200":
+                    return self._too_much(mode, meta, data)
                 first, last = _parse_range(wanted, len(data))
                 if first >= len(data):
                     return self._send(416, {**meta, "Content-Range": f"bytes */{len(data)}"})
@@ -165,13 +169,13 @@ class MisbehavingHTTP:
 
             def _too_much(self, mode: str, headers: dict, body: bytes) -> None:
                 self.close_connection = True
-                self.send_response(206)
+                self.send_response(200 if mode == "endless200" else 206)
                 for k, v in headers.items():
                     self.send_header(k, v)
                 if mode == "gzip":
                     self.send_header("Content-Encoding", "gzip")
                     body = server._bomb(len(body))
-                if mode != "endless":
+                if mode not in ("endless", "endless200"):
                     self.send_header("Content-Length", str(len(body) + (server.extra if mode == "long" else 0)))
                 self.end_headers()
                 try:

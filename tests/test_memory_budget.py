@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,36 @@ def test_an_http_answer_past_the_bytes_asked_for_is_eio_within_the_budget(store,
     print(f"\nhttp {mode}: daemon peak RSS {peak >> 20} MiB")
     assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
     assert said in log.read_text()
+
+
+def test_an_endless_200_to_range_requests_is_eio_within_the_budget(store, tmp_path):
+    """A server that ignores Range and answers every read with a 200 that never ends (no
+    Content-Length: the whole object, then 1 GiB more): EIO at once for every file, read by 8
+    readers at once, and the daemon under 256 MiB (before: each read buffered up to 64 MiB
+    before giving up: 8 readers took the daemon to 1,092 MiB); the same
+    files read right once the server honours Range again."""
+    root, data = store
+    server = MisbehavingHTTP(root.parent).start()
+    log = tmp_path / "zvfs.log"
+    files = [(i, j) for i in range(2) for j in range(4)]
+    try:
+        with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=log, options=(BUDGET, "retry_deadline=2")) as mnt:
+            assert len([p for p in (mnt / "a" / "c").rglob("*") if p.is_file()]) == 8
+            server.set("endless200")
+            t = time.monotonic()
+            with ThreadPoolExecutor(len(files)) as pool:
+                got = list(pool.map(lambda ij: read_or_errno(mnt / f"a/c/{ij[0]}/{ij[1]}"), files))
+            took = time.monotonic() - t
+            peak = vm_hwm(daemon_pid(mnt))
+            assert got == [errno.EIO] * len(files) and server.misbehaved >= len(files)
+            server.set("ok")
+            for i, j in files:
+                assert (mnt / f"a/c/{i}/{j}").read_bytes() == chunk(data, i, j)
+    finally:
+        server.stop()
+    print(f"\nhttp endless 200: {len(files)} readers EIO in {took:.1f} s, daemon peak RSS {peak >> 20} MiB")
+    assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+    assert "the server ignores Range requests" in log.read_text()
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])

@@ -22,6 +22,8 @@ from conftest import zvfs_mount
 from misbehaving_http import FaultTCP, MisbehavingHTTP
 from servers import S3, FaultProxy, Nginx
 
+from zvfs.storage.remote import FAILURE_MEMORY
+
 pytestmark = pytest.mark.mount
 
 ARRAYS = ("a", "b")
@@ -193,8 +195,9 @@ def served(store, tmp_path_factory):
 def test_one_read_ends_within_retry_deadline_plus_request_timeout(served, local, tmp_path, kind, fault):
     """Every request stalls (10 s), fails with 503 or has its connection reset: a read gives
     EIO within retry_deadline + request_timeout (+1 s for FUSE and a loaded 2-core machine); the
-    same read is right once the backend recovers. HTTP goes through servers.FaultProxy; S3
-    through a TCP-level proxy (FaultProxy drops the signed headers S3 needs)."""
+    same read is right once the backend recovers (and `FAILURE_MEMORY` has passed). HTTP goes
+    through servers.FaultProxy; S3 through a TCP-level proxy (FaultProxy drops the signed
+    headers S3 needs)."""
     nginx, s3, s3_url = served
     if kind == "http":
         proxy = FaultProxy(nginx.port, rate=1.0, stall=10.0)
@@ -228,6 +231,7 @@ def test_one_read_ends_within_retry_deadline_plus_request_timeout(served, local,
             assert elapsed <= 2 + 1 + 1.0, elapsed
             assert injected() >= 1
             set_fault(False)
+            time.sleep(FAILURE_MEMORY)  # (what was left unanswered is answered so, at once, that long)
             assert (mnt / "a/c/3/4").read_bytes() == (local / "a/c/3/4").read_bytes()
     finally:
         proxy.stop()

@@ -110,11 +110,21 @@ def version_token(v: Version) -> Hashable:
 _PACK = struct.Struct("<5q").pack
 
 
+#: `Store.patience` of stores that do not bound their own calls (local files: a read on a hung
+#: NFS or FUSE mount never returns). A shard index read from local disk takes milliseconds;
+#: a lookup that waits this long is EIO, so the directory it holds in the kernel is free again.
+STALL_PATIENCE = 5.0
+
+
 class Store(abc.ABC):
     """Async reads of byte ranges of keys. Every method is safe to call from trio tasks."""
 
     #: What the user named (path or URL with credentials removed); used in messages.
     display: str
+    #: Seconds a request of the FUSE daemon waits for what it needs of this store (a shard
+    #: index, a listing) before it gives up with EIO (storage/cache.py): a remote store's own
+    #: bound, retry_deadline + request_timeout; `STALL_PATIENCE` for the others.
+    patience: float = STALL_PATIENCE
 
     @abc.abstractmethod
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,

@@ -10,18 +10,35 @@ value (so a bad shard is reported once, not on every read); other errors are not
 Neither is anything read from a version that is not settled (`Version.settled`: a local file
 changed too recently to prove that its tag will change with its next write): it serves the
 requests waiting for that load and is read again by the next one.
+
+With a `patience` (the FUSE daemon sets the store's: `Store.patience`), no request waits for a
+load longer than that, whatever the store does (a read on a hung filesystem never returns).
+The kernel serves the lookups of one directory one at a time (libfuse before 3.17 never asks
+for FUSE_PARALLEL_DIROPS: fronts/fuse_daemon.py), and a lookup needs its shard's index: a
+lookup of a chunk of a shard on a hung mount froze its whole directory, for good (the readers
+behind it in D state, even after SIGKILL). With a patience:
+
+* loads run in tasks of their own (system tasks), which no request's giving up cancels: what
+  a load brings back is kept for the next request even when nobody waits for it any more;
+* a request waits at most `patience` (+ `SLACK`) for a load, then fails (StorageError: EIO)
+  and leaves the load running; until that load ends, requests for its key fail at once (it
+  is *overdue*): a shard on a hung mount costs its directory `patience` once, and its own
+  files EIO, not a frozen directory. (A remote store also keeps the calls made while it is
+  stalled within the stall's deadline: storage/remote.py.)
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import math
 import time
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Hashable
 
 import trio
 
-from ..errors import CorruptShardError
+from ..errors import CorruptShardError, ShardChanged, StorageError
 from .base import Store
 
 log = logging.getLogger("zvfs.cache")
@@ -31,15 +48,20 @@ log = logging.getLogger("zvfs.cache")
 #: times (each directory spans a row of 8 shards), 3 syscalls each, instead of 64 times;
 #: mountpoint-s3's default metadata TTL is 1 s as well
 LISTING_MAX_AGE = 1.0
+#: seconds over the patience that a request waits for a load (the store's own deadline, whose
+#: message says more, ends the load first)
+SLACK = 0.25
 
 
 class _Flight:
-    __slots__ = ("done", "value", "error")
+    __slots__ = ("done", "value", "error", "overdue", "waiters")
 
     def __init__(self):
         self.done = trio.Event()
         self.value: Any = None
         self.error: BaseException | None = None
+        self.overdue = False  # a request gave up waiting for it
+        self.waiters = 0
 
 
 def nbytes_of(value: Any) -> int:
@@ -59,7 +81,8 @@ class CoalescingCache:
     listings: re-listing a huge directory on every lookup would be far worse than exceeding
     the budget by one listing)."""
 
-    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of, keep_oversized: bool = False):
+    def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of, keep_oversized: bool = False,
+                 patience: float | None = None, name: str = ""):
         self.max_bytes = max_bytes
         self.keep_oversized = keep_oversized
         self._sizeof = sizeof
@@ -69,6 +92,10 @@ class CoalescingCache:
         self._checked: dict[Hashable, float] = {}  # key -> when its source's version last matched
         self.hits = 0
         self.misses = 0
+        #: seconds a request waits for a load at most (None: as long as it takes; module
+        #: docstring), and the store's name for messages
+        self.patience = patience
+        self.name = name
 
     @property
     def nbytes(self) -> int:
@@ -81,13 +108,34 @@ class CoalescingCache:
             self.hits += 1
             return _unwrap(hit[0])
         flight = self._flights.get(key)
-        if flight is not None:
-            await flight.done.wait()
-            if flight.error is not None:
-                raise flight.error
-            return _unwrap(flight.value)
-        self.misses += 1
-        flight = self._flights[key] = _Flight()
+        if flight is None:
+            self.misses += 1
+            flight = self._flights[key] = _Flight()
+            if self.patience is None:
+                await self._load(key, load, flight)
+            else:
+                trio.lowlevel.spawn_system_task(self._load, key, load, flight, name=f"zvfs load {self._where(key)}",
+                                                context=contextvars.copy_context())
+        elif flight.overdue:
+            raise StorageError(f"{self._where(key)}: no answer yet (still waiting for an earlier request)")
+        if not flight.done.is_set():
+            flight.waiters += 1
+            try:
+                with trio.move_on_after(math.inf if self.patience is None else self.patience + SLACK):
+                    await flight.done.wait()
+            finally:
+                flight.waiters -= 1
+            if not flight.done.is_set():
+                flight.overdue = True
+                raise StorageError(f"{self._where(key)}: no answer within {self.patience:g} s")
+        if flight.error is not None:
+            raise flight.error
+        return _unwrap(flight.value)
+
+    async def _load(self, key: Hashable, load: Callable[[], Awaitable[Any]], flight: _Flight) -> None:
+        """One load, for the request that found no flight (without a patience: in its task) or
+        in a system task of its own (it outlives the requests that wait for it, and ends with
+        the daemon); what it brings back is in `flight` when `flight.done` is set."""
         try:
             try:
                 value = await load()
@@ -95,13 +143,22 @@ class CoalescingCache:
                 value = _Failed(e)
             flight.value = value
             self._put(key, value)
-        except BaseException as e:
-            flight.error = e
+        except trio.Cancelled:
+            flight.error = StorageError(f"{self._where(key)}: its read was cancelled")
             raise
+        except Exception as e:  # delivered to the requests waiting (a system task must not raise)
+            flight.error = e
+            if flight.overdue and flight.waiters == 0 and not isinstance(e, (StorageError, ShardChanged, OSError)):
+                log.error("loading %s failed", self._where(key), exc_info=e)
         finally:
             del self._flights[key]
             flight.done.set()
-        return _unwrap(value)
+
+    def _where(self, key: Hashable) -> str:
+        """The store key a cache key is about (its longest string), for messages."""
+        words = [key] if isinstance(key, str) else [k for k in key if isinstance(k, str)] if isinstance(key, tuple) else []
+        what = max(words, key=len) if words else repr(key)[:80]
+        return f"{self.name}/{what}" if self.name else what
 
     def checked_within(self, key: Hashable, seconds: float) -> bool:
         """Whether `key` was loaded or found unchanged less than `seconds` ago."""

@@ -93,6 +93,10 @@ class CoalescingStore(Store):
         self.hits = 0
         self.misses = 0
 
+    @property
+    def patience(self) -> float:  # type: ignore[override]
+        return self.inner.patience
+
     def cache_stats(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "bytes": self._cached, "blocks": len(self._lru)}
 

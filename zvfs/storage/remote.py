@@ -6,8 +6,9 @@ Every answer is checked before its bytes are used, because a server that lies ma
 * HTTP(S): the GET is made here, on fsspec's own aiohttp session, so status and headers are
   seen. A 206 must carry a Content-Range that is exactly the range asked for (shorter only at
   the end of the object) and a body of that length; a 200 to a range request is the whole
-  object: its slice is served when it is of the expected version and at most
-  `WHOLE_BODY_LIMIT` bytes, else the read fails. Redirects are followed here too, at most
+  object: its slice is served when it is of the expected version and its Content-Length says
+  it is at most `WHOLE_BODY_LIMIT` bytes (only the bytes up to the end of the range are read),
+  else the read fails at once. Redirects are followed here too, at most
   `MAX_REDIRECTS`, and credentials (userinfo of the URL, Authorization, cookies) are never sent
   to another origin. A query string of the source URL (signed URLs, tokens) is kept on every
   key's URL.
@@ -21,7 +22,7 @@ Every answer is checked before its bytes are used, because a server that lies ma
   headers of the read itself).
 
 Every body (HTTP, S3, GCS) is read in pieces with its expected length as a hard limit and an
-encoded one is refused (`bounded_body`): what a server sends can never grow the daemon past
+encoded one is refused (`answer_body`): what a server sends can never grow the daemon past
 the bytes asked for.
 
 The version (size from Content-Range's total, ETag, else Last-Modified) of every answer is kept
@@ -36,8 +37,11 @@ its own fixed retry loop that ignores ours; s3fs's is reduced to one attempt); t
 (5xx, 408, 429, S3 throttling, resets, timeouts, cut bodies) are retried with jittered
 exponential backoff (50 ms doubling to 2 s) in `stamina`'s trio-aware retry loop until
 `deadline`; a retry that could only start after the deadline is not made. Everything else
-fails at once, as one `StorageError` (EIO for that file; nothing is cached, so the next read tries again). A
-missing key is not a fault: it is None.
+fails at once, as one `StorageError` (EIO for that file; nothing is cached, so the next read tries
+again, but for `FAILURE_MEMORY` seconds after a key was left unanswered). While the store is
+stalled (a call left unanswered), calls made meanwhile end by that call's deadline, or after a
+short probe once it has passed (`FsspecStore._run`): the kernel's own retries, and readers
+queued behind it, do not each wait a whole deadline. A missing key is not a fault: it is None.
 """
 
 from __future__ import annotations
@@ -83,6 +87,12 @@ WHOLE_BODY_LIMIT = 64 << 20
 MAX_REDIRECTS = 5
 #: Versions remembered per key (for `current`): ~200 bytes each.
 VERSIONS_KEPT = 65536
+#: Stalls (`FsspecStore._run`): a call left unanswered after SLOW_FAILURE seconds or more
+#: (or during a stall) is answered with the same failure, at once, for FAILURE_MEMORY
+#: seconds, and begins a stall; it lasts GRACE past its deadline; calls made after that
+#: deadline wait for a probe of PROBE_MIN to PROBE_MAX seconds.
+SLOW_FAILURE, FAILURE_MEMORY, GRACE = 0.25, 0.5, 1.0
+PROBE_MIN, PROBE_MAX = 0.05, 0.5
 #: Headers that carry credentials: dropped when a redirect leads to another origin.
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
 CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$")
@@ -100,6 +110,11 @@ class HttpStatus(Exception):
 class BadAnswer(StorageError):
     """An answer that does not fit the request (wrong Content-Range, wrong length, a whole
     object too large to slice): never served, not retried (the server does it every time)."""
+
+
+class Unanswered(StorageError):
+    """No answer within the store's bound: the request timed out, or transient faults lasted
+    until the deadline (what begins a stall: `FsspecStore._run`)."""
 
 
 def _status(e: BaseException) -> int | None:
@@ -219,6 +234,7 @@ class FsspecStore(Store):
         self.display = display
         self.deadline = deadline
         self.request_timeout = request_timeout
+        self.patience = deadline + request_timeout  # every call ends within it (`_run`)
         self._limiter = trio.CapacityLimiter(max_requests)
         protocols = _protocols(fs)
         self.http = any(p in ("http", "https") for p in protocols)
@@ -235,6 +251,9 @@ class FsspecStore(Store):
         #: thread: submit to it directly instead of through a worker thread (one hop, not two)
         self._loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
         self._versions: OrderedDict[str, Version] = OrderedDict()
+        self._failed: dict[str, tuple[float, str]] = {}  # key -> (until when, message): `_run`
+        self._stall: tuple[float, float] | None = None  # (when its first call began, until when)
+        self._typical = PROBE_MIN / 4  # seconds a call that succeeds takes (moving average)
         self.retries = 0
 
     def _path(self, key: str) -> str:
@@ -244,10 +263,72 @@ class FsspecStore(Store):
     # -- calls with deadlines and retries
 
     async def _run(self, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`_call` within the store's bound, or, while the store is stalled, within the stall's.
+
+        A reader does not wait only for its own call: the kernel reads a page again, at once
+        and synchronously, when its read-ahead failed (every read of a chunk file of a stalled
+        store cost two deadlines: 4.3 s against a bound of 3); it serves the lookups of one
+        directory one at a time (16 readers of one directory: the last after 33 s); and it
+        sends at most `max_background` reads at a time (200 readers: 6.2-9.2 s). Hence:
+
+        * a call left `Unanswered` after `SLOW_FAILURE` or more, or during a stall, is answered
+          with the same failure, at once, for the next `FAILURE_MEMORY` seconds (a wrong
+          answer or a refusal is not remembered: it is the server's answer, not a stall);
+        * such a slow failure begins a *stall*: calls made during it end by its first call's
+          deadline (start + deadline + request_timeout) or, once that has passed, after a
+          short probe (`PROBE_MIN`-`PROBE_MAX`: four times a call that succeeds). It ends
+          `GRACE` after that deadline, or after the last failure of a call made during it
+          (probes prolong it to twice the bound at most: a store that came back slower than
+          a probe is given whole deadlines again). Calls made meanwhile that succeed are
+          served; one that is slower than its probe is EIO once.
+
+        Without the memory, each of 16 lookups queued in one directory paid a probe (the last
+        ended after 4.4 s against a bound of 3); with it, 3.2 s.
+        """
+        now = trio.current_time()
+        failed = self._failed.get(key)
+        if failed is not None:
+            if now < failed[0]:
+                raise Unanswered(failed[1])
+            del self._failed[key]
+        bound = self.deadline + self.request_timeout
+        until = now + bound
+        stall = self._stall
+        if stall is not None and now < stall[1]:
+            until = min(until, max(stall[0] + bound, now + min(PROBE_MAX, max(PROBE_MIN, 4 * self._typical))))
+        try:
+            result = await self._call(key, attempt, until)
+        except Unanswered as e:
+            self._failed_after(key, now, bound, e)
+            raise
+        self._typical += (trio.current_time() - now - self._typical) / 8
+        return result
+
+    def _failed_after(self, key: str, start: float, bound: float, e: Unanswered) -> None:
+        """Begin or prolong a stall, and remember the failure, after a call made at `start`
+        was left unanswered (`_run`)."""
+        end = trio.current_time()
+        stall = self._stall
+        if stall is not None and start < stall[1]:  # a call made during the stall
+            if end - start >= SLOW_FAILURE or start >= stall[0] + bound:
+                self._stall = (stall[0], min(max(stall[1], end + GRACE), stall[0] + 2 * bound))
+        elif end - start >= SLOW_FAILURE:
+            self._stall = (start, max(start + bound, end) + GRACE)
+        else:
+            return  # a quick failure: the next call tries again
+        if len(self._failed) >= VERSIONS_KEPT:
+            self._failed = {k: v for k, v in self._failed.items() if v[0] > end}
+            if len(self._failed) >= VERSIONS_KEPT:
+                self._failed.clear()
+        self._failed[key] = (end + FAILURE_MEMORY, str(e))
+
+    async def _call(self, key: str, attempt: Callable[[], Awaitable[T]], until: float) -> T:
         """One backend call under the concurrency limit, retried inside the deadline; the
-        whole call, waiting for a slot included, ends within deadline + request_timeout."""
+        whole call, waiting for a slot included, ends by `until` (at most deadline +
+        request_timeout from now)."""
         last: list[BaseException] = []
-        give_up = trio.current_time() + self.deadline
+        now = trio.current_time()
+        give_up = min(now + self.deadline, until)
 
         def retry(e: Exception) -> bool | float:
             """False (fail now) or the backoff before the next attempt: a retry that could only
@@ -264,8 +345,8 @@ class FsspecStore(Store):
             return wait
 
         try:
-            with trio.fail_after(self.deadline + self.request_timeout):
-                async for tries in stamina.retry_context(on=retry, attempts=None, timeout=self.deadline):
+            with trio.fail_at(until):
+                async for tries in stamina.retry_context(on=retry, attempts=None, timeout=max(give_up - now, 0.001)):
                     with tries:
                         async with self._limiter:
                             try:
@@ -274,13 +355,16 @@ class FsspecStore(Store):
                             except trio.TooSlowError:
                                 raise TimeoutError(f"no answer within {self.request_timeout:g} s") from None
         except trio.TooSlowError:
+            if until < now + self.deadline + self.request_timeout:
+                raise Unanswered(f"{self.display}/{key}: no answer while the store is stalled") from None
             why = f"; last: {_describe(last[-1])}" if last else ""
-            raise StorageError(f"{self.display}/{key}: no answer within "
-                               f"{self.deadline + self.request_timeout:g} s{why}"[:300]) from None
+            raise Unanswered(f"{self.display}/{key}: no answer within "
+                             f"{self.deadline + self.request_timeout:g} s{why}"[:300]) from None
         except (StorageError, ShardChanged, *MISSING):
             raise
         except Exception as e:
-            raise _storage_error(self.display, key, e) from e
+            error = _storage_error(self.display, key, e)
+            raise (Unanswered(str(error)) if transient(e) else error) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _backend(self, coro: Callable[[], Awaitable[T]], sync: Callable[[], T]) -> T:
@@ -469,11 +553,10 @@ class FsspecStore(Store):
             raise
         content_range = resp.get("ContentRange")
         async with resp["Body"] as stream:
-            body = await bounded_body(f"s3://{bucket}/{name}", content_range is not None, resp.get("ContentLength"),
-                                      resp.get("ContentEncoding"), stream.read, start, length)
-        data, size = slice_answer(f"s3://{bucket}/{name}", content_range is not None, content_range, body,
-                                  start, length, resp.get("ContentLength"))
-        return data, s3_version(resp, len(body) if size is None else size)
+            data, size = await answer_body(f"s3://{bucket}/{name}", content_range is not None, content_range,
+                                           resp.get("ContentLength"), resp.get("ContentEncoding"), stream.read,
+                                           start, length)
+        return data, s3_version(resp, size)
 
     # -- GCS
 
@@ -523,11 +606,13 @@ async def http_answer(key: str, url: str, r, start: int, length: int | None,
     if r.status not in (200, 206):
         raise HttpStatus(r.status, url)
     announced = r.headers.get("Content-Length")
-    announced = None if announced is None else int(announced)
-    body = await bounded_body(url, r.status == 206, announced, r.headers.get("Content-Encoding"), r.content.read,
-                              start, length)
-    data, size = slice_answer(url, r.status == 206, r.headers.get("Content-Range"), body, start, length, announced)
-    return data, version_of(r.headers, len(body) if size is None else size)
+    try:
+        announced = None if announced is None else int(announced)
+    except ValueError:
+        raise BadAnswer(f"{url}: unusable Content-Length ({announced[:40]!r})") from None
+    data, size = await answer_body(url, r.status == 206, r.headers.get("Content-Range"), announced,
+                                   r.headers.get("Content-Encoding"), r.content.read, start, length)
+    return data, version_of(r.headers, size)
 
 
 def check_version(key: str, expect: Version, version: Version | None, data: bytes | None) -> None:
@@ -583,39 +668,84 @@ async def _on_loop(loop, coro: Callable[[], object]):
     return future.result()
 
 
-async def bounded_body(url: str, partial: bool, announced: int | None, encoding: str | None,
-                       read: Callable[[int], Awaitable[bytes]], start: int, length: int | None) -> bytes:
-    """The body of an answer to a read of (start, length), read in pieces with its expected
-    length as a hard limit: the bytes asked for (a 206), or the whole object up to
-    `WHOLE_BODY_LIMIT` (a 200). A longer body is BadAnswer after limit + 1 bytes (an
-    announced one before any): never buffered. (Issue 22: a 206 whose body never ended grew
-    the daemon to 2,367 MiB under memory=64M before the request timeout.) An encoded answer
-    (`Content-Encoding` other than identity) is BadAnswer before any byte is read: its bytes
-    are not the stored ones, and its ranges are of the encoded form (a gzip bomb decoded
-    behind zvfs's back reached 1,859 MiB; HTTP and GCS responses are read with aiohttp's
-    `auto_decompress=False`, as aiobotocore reads S3's)."""
+async def answer_body(url: str, partial: bool, content_range: str | None, announced: int | None,
+                      encoding: str | None, read: Callable[[int], Awaitable[bytes]], start: int,
+                      length: int | None) -> tuple[bytes, int]:
+    """The bytes of `(start, length)` out of an answer, and the object's size, reading the body in
+    pieces with what was asked for as a hard limit: nothing a server sends can hold more of the
+    daemon's memory than the bytes asked for (BadAnswer first).
+
+    * a 206: at most the bytes asked for (a longer body, announced or not, is BadAnswer after
+      one byte too many; an announced one before any);
+    * a 200 to a range request (the server ignores Range, so the body is the whole object):
+      refused at once unless its Content-Length says the object's size and that is at most
+      `WHOLE_BODY_LIMIT`; then the bytes before the range are read and dropped as they come,
+      the range is kept, and nothing after it is read (the connection is closed, not reused).
+      A suffix range needs the body up to its end, the rest only what is asked for. (Issue 22:
+      an endless 200 to `bytes=-256` was buffered up to 64 MiB per read, 16 readers took the
+      daemon to 1.6-1.9 GiB under memory=64M, and the freed buffers stayed resident.)
+    * a 200 to a request without Range (the whole object was asked for): at most
+      `WHOLE_BODY_LIMIT` bytes.
+
+    An encoded answer (`Content-Encoding` other than identity) is BadAnswer before any byte is
+    read: its bytes are not the stored ones, and its ranges are of the encoded form (a gzip
+    bomb decoded behind zvfs's back reached 1,859 MiB; HTTP and GCS responses are read with
+    aiohttp's `auto_decompress=False`, as aiobotocore reads S3's)."""
     if encoding and encoding.strip().lower() != "identity":
         raise BadAnswer(f"{url}: the answer is encoded (Content-Encoding: {encoding[:40]}), not the stored bytes")
     wanted = range_header(start, length)
     if partial:
         limit = -start if start < 0 else (WHOLE_BODY_LIMIT if length is None else length)
-        too_long = f"{url}: more than the {limit} bytes asked for ({wanted}) in the answer"
-    elif wanted:
-        limit = WHOLE_BODY_LIMIT
-        too_long = (f"{url}: the server ignores Range requests and sends the whole object, more than "
-                    f"{WHOLE_BODY_LIMIT} bytes, for {wanted}")
-    else:
-        limit = WHOLE_BODY_LIMIT
-        too_long = f"{url}: the whole object is more than {WHOLE_BODY_LIMIT} bytes"
+        body = await _read_at_most(read, limit, announced, f"{url}: more than the {limit} bytes asked for ({wanted}) in the answer")
+        data, size = slice_answer(url, True, content_range, body, start, length)
+        return data, len(body) if size is None else size
+    if not wanted:
+        body = await _read_at_most(read, WHOLE_BODY_LIMIT, announced, f"{url}: the whole object is more than {WHOLE_BODY_LIMIT} bytes")
+        data, size = slice_answer(url, False, None, body, start, length, announced)
+        return data, len(body) if size is None else size
+    if announced is None:
+        raise BadAnswer(f"{url}: the server ignores Range requests ({wanted}) and does not say how long the object is")
+    if announced > WHOLE_BODY_LIMIT:
+        raise BadAnswer(f"{url}: the server ignores Range requests and sends the whole object, more than "
+                        f"{WHOLE_BODY_LIMIT} bytes ({announced} announced), for {wanted}")
+    first = max(0, announced + start) if start < 0 else min(start, announced)
+    end = announced if start < 0 or length is None else min(announced, start + length)
+    await _read_exactly(read, first, url, announced, keep=False)
+    return await _read_exactly(read, end - first, url, announced), announced
+
+
+#: the largest piece asked of a body at a time (bytes before a range are dropped piece by piece)
+PIECE = 1 << 20
+
+
+async def _read_at_most(read: Callable[[int], Awaitable[bytes]], limit: int, announced: int | None, too_long: str) -> bytes:
+    """The whole body, which must be at most `limit` bytes: BadAnswer after `limit` + 1 bytes,
+    or before any when a longer one is announced. (Issue 22: a 206 whose body never ended grew
+    the daemon to 2,367 MiB under memory=64M before the request timeout.)"""
     if announced is not None and announced > limit:
         raise BadAnswer(f"{too_long} ({announced} announced)")
     parts, got = [], 0
-    while got <= limit and (part := await read(limit + 1 - got)):
+    while got <= limit and (part := await read(min(PIECE, limit + 1 - got))):
         parts.append(part)
         got += len(part)
     if got > limit:
         raise BadAnswer(too_long)
-    return b"".join(parts)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _read_exactly(read: Callable[[int], Awaitable[bytes]], n: int, url: str, announced: int,
+                        keep: bool = True) -> bytes:
+    """The next `n` bytes of a body of `announced` bytes (dropped as they come unless `keep`);
+    a body that ends before is cut short (BadAnswer)."""
+    parts, got = [], 0
+    while got < n:
+        part = await read(min(PIECE, n - got))
+        if not part:
+            raise BadAnswer(f"{url}: the answer ends before its announced {announced} bytes")
+        got += len(part)
+        if keep:
+            parts.append(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _on_asyncio:

@@ -1,0 +1,141 @@
+"""A store that stops answering costs the files it holds, within a bound, never the directory
+they are in (issue 22). The kernel serves the lookups of one directory one at a time (libfuse
+< 3.17 does not ask for FUSE_PARALLEL_DIROPS: zvfs/fronts/fuse_daemon.py), and a lookup of a
+chunk file needs its shard's index, so one lookup that waits holds all the others behind it.
+Before: 16 readers of one directory of a stalled HTTP store ended after 2.1 to 33.4 s (the
+bound is 3 s: each lookup waited for a whole deadline in turn), and a shard on a hung
+filesystem froze every lookup of its directory for good (the readers in D state).
+
+Real mounts; the Zarr v3 store is written by zarr-python (one directory of 16 chunk files from
+4 shards), served by tests/misbehaving_http.py, or local with tests/hung_file.py (a FUSE
+filesystem whose one file never opens) mounted over one shard.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import zvfs_mount
+from misbehaving_http import MisbehavingHTTP
+
+from zvfs.storage.base import STALL_PATIENCE
+
+pytestmark = pytest.mark.mount
+
+C = 16  # chunk side; the array is one row of 16 chunks, 4 per shard
+REQUEST_TIMEOUT, RETRY_DEADLINE = 1, 2
+BOUND = REQUEST_TIMEOUT + RETRY_DEADLINE
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    import zarr
+
+    root = tmp_path_factory.mktemp("stalls") / "store.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    a = group.create_array("a", shape=(C, 16 * C), chunks=(C, C), shards=(C, 4 * C), dtype="uint8",
+                           compressors=None, fill_value=0)
+    data = np.random.default_rng(22).integers(1, 255, size=a.shape, dtype="uint8")
+    a[...] = data
+    return root, data
+
+
+def chunk(data: np.ndarray, j: int) -> bytes:
+    return data[:, j * C:(j + 1) * C].tobytes()
+
+
+def read_or_errno(path: Path) -> bytes | int:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        return e.errno
+
+
+def test_lookups_queued_in_one_directory_each_end_within_the_deadline(store, tmp_path):
+    """16 readers open the 16 chunk files of one directory at once while the server stalls on
+    every ranged GET: each gets EIO within retry_deadline + request_timeout (+ 1.5 s), counted
+    from its own open, not from the end of the lookups queued before it; once the server
+    answers again, every file reads right within seconds (failures are remembered briefly)."""
+    root, data = store
+    server = MisbehavingHTTP(root.parent, stall=4 * BOUND).start()
+    got: dict[int, tuple[bytes | int, float]] = {}
+
+    def read(j: int) -> None:
+        t = time.monotonic()
+        got[j] = read_or_errno(mnt / f"a/c/0/{j}"), time.monotonic() - t
+
+    try:
+        options = (f"request_timeout={REQUEST_TIMEOUT}", f"retry_deadline={RETRY_DEADLINE}", "readahead=0")
+        with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=tmp_path / "zvfs.log", options=options) as mnt:
+            server.set("stall")
+            readers = [threading.Thread(target=read, args=(j,)) for j in range(16)]
+            for r in readers:
+                r.start()
+            for r in readers:
+                r.join(60)
+            took = sorted(seconds for _, seconds in got.values())
+            print(f"\n16 readers of one directory, store stalled: {' '.join(f'{s:.1f}' for s in took)} s (bound {BOUND} s)")
+            assert {j: result for j, (result, _) in got.items()} == {j: errno.EIO for j in range(16)}
+            assert took[-1] < BOUND + 1.5, f"a lookup ended after {took[-1]:.1f} s"
+            server.set("ok")
+            give_up = time.monotonic() + 5
+            while any(read_or_errno(mnt / f"a/c/0/{j}") != chunk(data, j) for j in range(16)):
+                assert time.monotonic() < give_up, "the store answers again but files still fail"
+                time.sleep(0.2)
+    finally:
+        server.stop()
+
+
+def timed_cat(path: Path, timeout: float) -> tuple[int, bytes, float]:
+    """(exit status, output, seconds) of `cat path`; a cat still waiting after `timeout` fails
+    the test (it is killed, but stays in D state while its lookup waits)."""
+    t = time.monotonic()
+    cat = subprocess.Popen(["cat", str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        out, _ = cat.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cat.kill()
+        pytest.fail(f"cat {path} hangs (> {timeout:g} s)")
+    return cat.returncode, out, time.monotonic() - t
+
+
+def test_a_shard_on_a_hung_filesystem_costs_its_own_files_only(store, tmp_path):
+    """One shard file of a local store sits on a filesystem whose open never returns. While a
+    reader waits for a file of that shard, the files of the other shards of the same directory
+    read right (the first within STALL_PATIENCE + 2 s, as the lookup ahead of it gives up),
+    and the hung shard's files are EIO, the waiting reader's too."""
+    root, data = (tmp_path / "store.zarr"), store[1]
+    shutil.copytree(store[0], root)
+    shard = root / "a/c/0/0"
+    hung = subprocess.Popen([sys.executable, str(Path(__file__).with_name("hung_file.py")), str(shard),
+                             str(shard.stat().st_size)])
+    try:
+        give_up = time.monotonic() + 20
+        while not os.path.ismount(shard):
+            assert hung.poll() is None and time.monotonic() < give_up, "the hung filesystem did not mount"
+            time.sleep(0.1)
+        with zvfs_mount(root, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
+            waiting = subprocess.Popen(["cat", str(mnt / "a/c/0/1")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+            for j in (5, 9, 14):
+                status, out, seconds = timed_cat(mnt / f"a/c/0/{j}", STALL_PATIENCE + 10)
+                print(f"\na/c/0/{j} (healthy shard) while a reader waits on the hung one: {seconds:.1f} s")
+                assert (status, out) == (0, chunk(data, j))
+                assert seconds < STALL_PATIENCE + 2
+            status, _, seconds = timed_cat(mnt / "a/c/0/2", STALL_PATIENCE + 10)
+            assert status != 0 and seconds < STALL_PATIENCE + 2
+            assert waiting.wait(STALL_PATIENCE + 2) != 0
+            assert "a/c/0/0: no answer within" in (tmp_path / "zvfs.log").read_text()
+    finally:
+        hung.kill()
+        hung.wait()
+        subprocess.run(["fusermount3", "-uz", str(shard)], capture_output=True)
