@@ -365,3 +365,160 @@ def test_a_stat_in_a_shard_of_2_26_chunks_stays_in_the_budget_and_stalls_no_othe
     assert got == data[16:32, 16:32].tobytes()
     assert elapsed < 1.0, f"a read of another array took {elapsed:.2f} s"
     assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+
+
+#: the daemon's peak under memory=64M for listings of huge shards: the budget plus the
+#: interpreter's baseline (a daemon with every backend loaded: ~50 MiB before any cache fills)
+LISTING_CEILING = 128 << 20
+
+
+def _huge_shard_array(root: Path, log2: int, variant: str) -> tuple[int, int]:
+    """An array of one shard of 2**log2 one-byte inner chunks (`side` x `other`), its index
+    at the end: "sparse", a sparse file (every entry (0, 0): 2**log2 empty chunks), or "fullcrc",
+    every chunk written (chunk k holds k % 256) and the index checked by a crc32c."""
+    import crc32c
+
+    n, side = 1 << log2, 1 << (log2 // 2)
+    other = n // side
+    codecs = [{"name": "bytes", "configuration": {"endian": "little"}}] + ([{"name": "crc32c"}] if variant == "fullcrc" else [])
+    (root / "huge").mkdir()
+    (root / "huge" / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [side, other], "data_type": "uint8", "fill_value": 0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [side, other]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}], "index_location": "end", "index_codecs": codecs}}]}))
+    shard = root / "huge" / "c" / "0" / "0"
+    if variant == "sparse":
+        _sparse(shard, n * 16)
+        return side, other
+    shard.parent.mkdir(parents=True)
+    with open(shard, "wb") as f:
+        f.write(bytes(range(256)) * (n // 256))
+        crc, step = 0, 1 << 20
+        for base in range(0, n, step):
+            index = np.empty((step, 2), "<u8")
+            index[:, 0] = np.arange(base, base + step, dtype="<u8")
+            index[:, 1] = 1
+            crc = crc32c.crc32c(index.tobytes(), crc)
+            f.write(index.tobytes())
+        f.write(crc.to_bytes(4, "little"))
+    return side, other
+
+
+@pytest.mark.parametrize("variant", ["sparse", "fullcrc"])
+def test_listing_a_shard_of_2_24_chunks_stays_in_the_budget(tmp_path, variant):
+    """Issue 22 (5): listing the chunk directories of an array whose one shard holds 2**24
+    inner chunks (a sparse index of empty chunks; a full index with a crc32c) took the daemon
+    to 1.7 GiB under memory=64M (every chunk a row before the directory's values were taken).
+    Now `ls` of `c/` and of `c/0`, stats, reads and a walk keep it under 128 MiB, give the
+    right names and bytes, and a read of a normal array during the listing reads right
+    within a second."""
+    import zarr
+
+    root = tmp_path / "store.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    small = group.create_array("small", shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="uint8", fill_value=0,
+                               compressors=None)
+    data = np.arange(64 * 64, dtype="uint8").reshape(64, 64)
+    small[...] = data
+    side, other = _huge_shard_array(root, 24, variant)
+    with zvfs_mount(root, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=(BUDGET,)) as mnt:
+        chunks = mnt / "huge" / "c"
+        assert (mnt / "small" / "zarr.json").exists()
+        got: dict[str, list[str]] = {}
+        lister = threading.Thread(target=lambda: got.update(rows=os.listdir(chunks)), daemon=True)
+        lister.start()
+        time.sleep(0.3)
+        t = time.monotonic()
+        small = (mnt / "small/c/1/1").read_bytes()
+        waited = time.monotonic() - t
+        lister.join(120)
+        assert sorted(got["rows"], key=int) == [str(i) for i in range(side)]
+        assert sorted(os.listdir(chunks / "0"), key=int) == [str(j) for j in range(other)]
+        assert sorted(os.listdir(chunks / str(side - 1)), key=int) == [str(j) for j in range(other)]
+        last = chunks / str(side - 1) / str(other - 1)
+        expected = {"sparse": (b"", b""), "fullcrc": (bytes([0]), bytes([(side * other - 1) % 256]))}[variant]
+        assert ((chunks / "0" / "0").read_bytes(), last.read_bytes()) == expected
+        assert os.stat(last).st_size == len(expected[1])
+        walked = 0
+        for _, _, files in os.walk(mnt / "huge"):
+            walked += len(files)
+            if walked > 3 * other:
+                break
+        peak = vm_hwm(daemon_pid(mnt))
+    print(f"\n{variant} 2**24: a read of another array during `ls c/` {waited:.2f} s, daemon peak RSS {peak >> 20} MiB")
+    assert small == data[16:32, 16:32].tobytes()
+    assert waited < 1.0, f"a read of another array took {waited:.2f} s"
+    assert peak < LISTING_CEILING, f"daemon peak RSS {peak >> 20} MiB"
+
+
+def test_many_metadata_files_within_the_limit_each_are_bounded_together(tmp_path):
+    """Issue 22 (6): 300 arrays whose zarr.json each hold a 3.5 MB attribute, every one within
+    max_metadata, took the daemon to 1,062 MiB at the mount and 2,081 MiB once read. Their sum
+    is bounded too: 60 arrays of 2 MB attributes refuse the mount after a few files with one
+    line (exit 2, the daemon under 128 MiB); 200 ordinary arrays (zarr-python) still mount
+    under the same budget."""
+    import zarr
+
+    root = tmp_path / "many.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    for i in range(60):
+        group.create_array(f"a{i}", shape=(4,), chunks=(4,), dtype="uint8", attributes={"x": "y" * (2 << 20)})
+    status, said, peak = mount_peak(root, tmp_path / "mnt", BUDGET)
+    print(f"\n60 x 2 MB zarr.json: exit {status}, peak RSS {peak >> 20} MiB: {said.strip()}")
+    assert status == 2, said
+    assert len(said.strip().splitlines()) == 1 and "max_metadata=16M in all" in said, said
+    assert peak < LISTING_CEILING, f"peak RSS {peak >> 20} MiB"
+    assert not is_mounted(tmp_path / "mnt")
+
+    ordinary = tmp_path / "ordinary.zarr"
+    group = zarr.open_group(ordinary, mode="w", zarr_format=3)
+    for i in range(200):
+        group.create_array(f"a{i}", shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="uint8",
+                           compressors=None, attributes={"name": f"array {i}", "scale": [1.0, 2.0]})[...] = i
+    with zvfs_mount(ordinary, tmp_path / "mnt2", options=(BUDGET,)) as mnt:
+        assert (mnt / "a199" / "c" / "1" / "1").read_bytes() == bytes([199]) * 256
+
+
+def _flat_sparse_array(root: Path, name: str, log2: int) -> tuple[int, int]:
+    """An array named `name` of one sparse shard of 2**log2 empty inner chunks whose files are
+    flat (`v2` keys, `i.j`): one directory of 2**log2 files."""
+    n, side = 1 << log2, 1 << (log2 // 2)
+    (root / name).mkdir(parents=True)
+    (root / name / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [side, n // side], "data_type": "uint8", "fill_value": 0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [side, n // side]}},
+        "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}], "index_location": "end",
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}]}))
+    _sparse(root / name / "0.0", n * 16)
+    return side, n // side
+
+
+def test_a_flat_listing_past_the_listing_budget_is_kept_compact_or_refused(tmp_path):
+    """A flat chunk directory of 2**18 files (their table rows: 8 MiB, past the 1 MiB the
+    listings of open chunk directories may hold under memory=64M) lists every name from a
+    bitmap of which chunks exist; one of 2**24 files (a 2 MiB bitmap) is EIO with one log line
+    naming the option to raise, and the mount goes on serving. The daemon stays under 128 MiB."""
+    root = tmp_path / "flat.zarr"
+    root.mkdir()
+    (root / "zarr.json").write_bytes(_group_with(b"{}"))
+    side, other = _flat_sparse_array(root, "wide", 18)
+    _flat_sparse_array(root, "huge", 24)
+    log = tmp_path / "zvfs.log"
+    with zvfs_mount(root, tmp_path / "mnt", log=log, options=(BUDGET,)) as mnt:
+        names = set(os.listdir(mnt / "wide"))
+        assert names == {"zarr.json"} | {f"{i}.{j}" for i in range(side) for j in range(other)}
+        assert os.stat(mnt / "wide" / f"{side - 1}.{other - 1}").st_size == 0
+        with pytest.raises(OSError) as e:
+            os.listdir(mnt / "huge")
+        assert e.value.errno == errno.EIO
+        assert os.stat(mnt / "huge" / "7.9").st_size == 0  # (lookups by name need no listing)
+        assert len(os.listdir(mnt / "wide")) == side * other + 1
+        peak = vm_hwm(daemon_pid(mnt))
+    said = [line for line in log.read_text().splitlines() if "listing this directory" in line]
+    print(f"\nflat 2**18 and 2**24: daemon peak RSS {peak >> 20} MiB; {said}")
+    assert len(said) == 1 and "huge" in said[0] and "raise -o memory=" in said[0], said
+    assert peak < LISTING_CEILING, f"daemon peak RSS {peak >> 20} MiB"

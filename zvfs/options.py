@@ -42,8 +42,8 @@ OWN = {
     "request_timeout": ("request_timeout", "float", "remote stores: seconds one request may take (default 20)"),
     "retry_deadline": ("retry_deadline", "float", "remote stores: seconds to keep retrying a failing read before EIO (default 30)"),
     "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),
-    "max_metadata": ("max_metadata", "size", "largest metadata file (zarr.json, info) to read, as parsed: a larger one, or one "
-                                             "whose parse is estimated to take more, refuses the mount (default: a quarter of memory)"),
+    "max_metadata": ("max_metadata", "size", "metadata (zarr.json, info) to hold, as parsed: a file, or all of them "
+                                             "together, estimated to take more refuses the mount (default: a quarter of memory)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
     "endpoint": ("endpoint", "str", "s3:// and gs://: the service URL (S3-compatible servers, emulators)"),

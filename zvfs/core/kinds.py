@@ -46,7 +46,7 @@ class Opened:
     #: the store directories the views show as directories of their own (groups, arrays, their
     #: chunk directories, precomputed scales), as the store lists them: their owner and bits
     dirs: dict[str, Entry] = field(default_factory=dict)
-    max_metadata: int | None = None  # largest metadata file, as parsed (None: the default)
+    max_metadata: int | None = None  # metadata held, each file and in all, as parsed (None: the default)
 
 
 @dataclass

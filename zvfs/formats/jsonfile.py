@@ -2,9 +2,11 @@
 
 Metadata is read whole and parsed at mount time, and kept: no cache bounds it (issue 22: a 28 MiB `zarr.json` of `[{},{},...]` kept the
 daemon at 768 MiB for the life of the mount; a 1 GiB sparse one peaked at 2,099 MiB before
-the mount was refused). `read_metadata` reads at most `limit` + 1 bytes of a file and
-refuses it, before parsing, when what it would take parsed (`parsed_size`) is over the
-limit (`max_metadata`).
+the mount was refused; 300 arrays of 3.5 MB `zarr.json` each, every one within the limit,
+took 1,062 MiB at the mount and 2,081 MiB once read). `read_metadata` reads at most `limit`
++ 1 bytes of a file and refuses it, before parsing, when what it would take parsed
+(`parsed_size`) is over the limit (`max_metadata`), or, with a `MetadataTally`, when that and
+what the metadata read before it takes are over the limit together.
 """
 
 from __future__ import annotations
@@ -42,11 +44,22 @@ def parsed_size(raw: bytes) -> int:
             + PER_ARRAY * raw.count(b"[") + PER_VALUE * raw.count(b",") + PER_QUOTE * raw.count(b'"'))
 
 
-async def read_metadata(store: Store, key: str, where: str, limit: int | None) -> tuple[bytes | None, Version | None]:
+class MetadataTally:
+    """What the metadata files read for one mount take parsed (`parsed_size`), all of them
+    kept for the life of the mount: `max_metadata` bounds their sum, not only each file."""
+
+    def __init__(self) -> None:
+        self.used = 0
+        self.files = 0
+
+
+async def read_metadata(store: Store, key: str, where: str, limit: int | None,
+                        tally: MetadataTally | None = None) -> tuple[bytes | None, Version | None]:
     """A metadata file's bytes and version ((None, None) when there is none), read with at most
     `limit` + 1 bytes asked for: a larger file, or one that would take more than `limit`
-    parsed, is a MetadataError naming the file, its size and the option. `limit` None: the
-    default of the default memory budget."""
+    parsed, alone or with what `tally` counts already, is a MetadataError naming the file, its
+    size and the option (the file is counted in `tally` otherwise). `limit` None: the default
+    of the default memory budget."""
     if limit is None:
         limit = MountOptions.memory // METADATA_SHARE
     raw, version = await store.read_version(key, 0, limit + 1)
@@ -59,6 +72,13 @@ async def read_metadata(store: Store, key: str, where: str, limit: int | None) -
     if cost > limit:
         raise MetadataError(where, f"{len(raw)} bytes that would take about {size_text(cost)} parsed: "
                                    f"more than max_metadata={size_text(limit)}")
+    if tally is not None:
+        if tally.used + cost > limit:
+            raise MetadataError(where, f"{len(raw)} bytes that would take about {size_text(cost)} parsed, after "
+                                       f"{tally.files} metadata files taking about {size_text(tally.used)}: more than "
+                                       f"max_metadata={size_text(limit)} in all")
+        tally.used += cost
+        tally.files += 1
     return raw, version
 
 

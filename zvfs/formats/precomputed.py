@@ -32,7 +32,7 @@ from ..storage.gather import gather
 from .array import distinct
 from .chunkref import ChunkRef
 from .codecs import decode_step
-from .jsonfile import parse_json_object, read_metadata
+from .jsonfile import MetadataTally, parse_json_object, read_metadata
 
 log = logging.getLogger("zvfs.precomputed")
 
@@ -593,8 +593,9 @@ class Dataset:
     versions: dict[str, Version] = field(default_factory=dict)  # info file path -> its stored version
 
 
-async def _sub_info(store: Store, path: str, where: str, versions: dict, max_metadata: int | None) -> dict | None:
-    raw, version = await read_metadata(store, f"{path}/{INFO}", f"{where}/{path}/{INFO}", max_metadata)
+async def _sub_info(store: Store, path: str, where: str, versions: dict, max_metadata: int | None,
+                    tally: MetadataTally) -> dict | None:
+    raw, version = await read_metadata(store, f"{path}/{INFO}", f"{where}/{path}/{INFO}", max_metadata, tally)
     if version is not None:
         versions[f"{path}/{INFO}"] = version
     return None if raw is None else parse_json_object(raw, f"{where}/{path}/{INFO}", "info")
@@ -602,9 +603,10 @@ async def _sub_info(store: Store, path: str, where: str, versions: dict, max_met
 
 async def load_dataset(store: Store, max_metadata: int | None = None) -> Dataset:
     """Read and check every info file that decides the unsharded tree (each within
-    `max_metadata`: jsonfile.read_metadata)."""
+    `max_metadata`, and all of them together: jsonfile.read_metadata)."""
     where = store.display
-    raw, version = await read_metadata(store, INFO, f"{where}/{INFO}", max_metadata)
+    tally = MetadataTally()
+    raw, version = await read_metadata(store, INFO, f"{where}/{INFO}", max_metadata, tally)
     if raw is None:
         raise MetadataError(where, "no info file at the root (not a precomputed dataset)")
     info = parse_json_object(raw, f"{where}/{INFO}", "info")
@@ -637,7 +639,7 @@ async def load_dataset(store: Store, max_metadata: int | None = None) -> Dataset
         if member not in info:
             continue
         path = check_name(info[member], f"{where}/{INFO}", member)
-        sub = await _sub_info(store, path, where, versions, max_metadata)
+        sub = await _sub_info(store, path, where, versions, max_metadata, tally)
         if sub is None or sub.get("sharding") is None:
             continue  # legacy or unsharded: shown as stored
         w = f"{where}/{path}/{INFO}"

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import crc32c
 import numpy as np
@@ -32,7 +32,7 @@ from ..storage.gather import gather
 from .array import ArrayModel, GroupModel, Hierarchy
 from .chunkref import ChunkRef
 from .codecs import decode_step
-from .jsonfile import parse_json_object, read_metadata
+from .jsonfile import MetadataTally, parse_json_object, read_metadata
 
 log = logging.getLogger("zvfs.zarr3")
 
@@ -283,9 +283,11 @@ async def load_hierarchy(store: Store, max_metadata: int | None = None) -> dict[
 
     Directories without a `zarr.json` are not descended into (they are not Zarr nodes and are
     shown as plain directories); arrays are not descended into either. Every `zarr.json` is
-    read within `max_metadata` (jsonfile.read_metadata: the size known before it is parsed).
+    read within `max_metadata` (jsonfile.read_metadata: the size known before it is parsed),
+    all of them together too (they are kept for the life of the mount).
     """
-    raw, version = await read_metadata(store, META, f"{store.display}/{META}", max_metadata)
+    tally = MetadataTally()
+    raw, version = await read_metadata(store, META, f"{store.display}/{META}", max_metadata, tally)
     if raw is None:
         raise MetadataError(store.display, "no zarr.json at the root (not a Zarr v3 store)")
     nodes: dict[str, ArrayNode | GroupNode] = {}
@@ -303,7 +305,7 @@ async def load_hierarchy(store: Store, max_metadata: int | None = None) -> dict[
                     continue
                 sub = child_path(path, entry.name)
                 child_raw, child_version = await read_metadata(store, f"{sub}/{META}", f"{store.display}/{sub}/{META}",
-                                                               max_metadata)
+                                                               max_metadata, tally)
                 if child_raw is not None:
                     node.children.append(entry.name)
                     todo.append((sub, child_raw, child_version))
@@ -447,8 +449,18 @@ ENUMERATE_SHARDS = 4096
 #: tables of ten 10^5-chunk shards (4 MiB each) evicted each other from the index cache and
 #: every directory rebuilt them all: 81 ms per directory of 100 files
 TABLE_MAX_CHUNKS = 1 << 14
-#: bytes of a lazy index read at once when it is checked or listed
+#: bytes of a lazy index read at once when it is checked (fewer under a small index cache)
 LAZY_SLICE = 4 << 20
+#: index entries a listing reads and reduces at once (1 MiB of index; what a slice of them
+#: takes as coordinates is the listing's largest temporary)
+LIST_SLICE = 1 << 16
+#: bytes of chunk tables a listing has in flight at once (shards read concurrently)
+SCAN_BYTES = 4 << 20
+
+#: `ShardedArray.scan` hands its tables to a function `visit(table, matched)`: `matched`
+#: says every row has the fixed coordinates (else the table is C-sorted, and the caller
+#: picks the rows)
+Visit = Callable[["ChunkTable", bool], None]
 
 
 class ShardedArray:
@@ -477,6 +489,14 @@ class ShardedArray:
         self._walks_in_c_order = len(self.plan.levels) == 1 and self.plan.levels[0].perm == tuple(range(self.ndim))
         #: listings slice the index instead of tabulating the shard (see `TABLE_MAX_CHUNKS`)
         self._sliced_index = len(self.plan.levels) == 1 and (self.plan.levels[0].n > TABLE_MAX_CHUNKS or self.lazy(self.plan.levels[0]))
+        #: nested sharding with more chunks per shard than that: listings walk the inner
+        #: indexes one at a time, keeping only a directory's rows (a shard table of n1 x n2
+        #: chunks, each index within the cache, could take GiBs)
+        self._walked = len(self.plan.levels) > 1 and math.prod(lv.n for lv in self.plan.levels) > TABLE_MAX_CHUNKS
+        #: bytes of a lazy index read at once when it is checked, and entries when it is listed:
+        #: a slice in flight is memory outside the caches, so a small budget takes smaller ones
+        self._lazy_slice = min(LAZY_SLICE, max(1 << 20, self.cache.max_bytes))
+        self._list_slice = min(LIST_SLICE, max(1 << 14, self.cache.max_bytes // 64))
 
     def shard_key(self, shard: tuple[int, ...]) -> str:
         key = self._keys.get(shard)
@@ -530,10 +550,10 @@ class ShardedArray:
         """A `LazyIndex`, once its crc32c is checked by streaming the index in slices."""
         if at < start or container is not None and at + level.index_nbytes > start + container:
             raise CorruptShardError(key, f"shard of {container} bytes is smaller than its index ({level.index_nbytes} bytes)")
-        crc, body = 0, 16 * level.n
-        for off in range(0, body, LAZY_SLICE):
-            part = await self.store.read(key, at + off, min(LAZY_SLICE, body - off), expect=version)
-            if part is None or len(part) != min(LAZY_SLICE, body - off):
+        crc, body, step = 0, 16 * level.n, self._lazy_slice
+        for off in range(0, body, step):
+            part = await self.store.read(key, at + off, min(step, body - off), expect=version)
+            if part is None or len(part) != min(step, body - off):
                 raise CorruptShardError(key, "shard index is truncated")
             if level.index_crc:  # (in a worker thread: other requests go on meanwhile)
                 crc = await decode_step(crc32c.crc32c, part, crc)
@@ -676,8 +696,9 @@ class ShardedArray:
 
     async def _chunks(self, key: str, shard: tuple[int, ...], head: ShardIndex) -> ChunkTable:
         base = np.array(shard, dtype=np.int64) * self.shard_shape
+        found: list[tuple] = []
         try:
-            found = await self._walk(key, 0, None, base, 0, head)
+            await self._walk(key, 0, None, base, 0, head, lambda *columns: found.append(columns))
         except CorruptShardError:
             found = []
         if not found:
@@ -708,41 +729,129 @@ class ShardedArray:
 
     async def _shard_rows(self, shard: tuple[int, ...], fixed: dict[int, int]) -> ChunkTable:
         """`_listed_table`, awaiting the shard's check and whatever must be read."""
-        if not self._sliced_index:
+        if not self._sliced_index and not self._walked:
             return await self.chunks_in_shard(shard, LISTING_MAX_AGE)
         key = self.shard_key(shard)
         head = await self._listed_head(key, LISTING_MAX_AGE)
         if head is None:
             return _empty_table(self.ndim, key)
-        if isinstance(head, LazyIndex):
-            return await self._lazy_rows(key, shard, head, fixed)
-        return self._index_rows(key, shard, head, fixed)
-
-    async def _lazy_rows(self, key: str, shard: tuple[int, ...], head: LazyIndex, fixed: dict[int, int]) -> ChunkTable:
-        """`_index_rows` of a lazy index: its slices streamed, only the rows with the `fixed`
-        coordinates kept (memory stays that of one slice and of the directory)."""
-        level, parts = self.plan.levels[0], []
-        body = 16 * level.n
-        for off in range(0, body, LAZY_SLICE):
-            raw = await self.store.read(key, head.at + off, min(LAZY_SLICE, body - off), expect=head.version)
-            if raw is None or len(raw) != min(LAZY_SLICE, body - off):
-                break
-            flat = await decode_step(head.decode, raw)  # (in a worker thread: other requests go on meanwhile)
-            present = _stored(flat)
-            local = np.stack(np.unravel_index(present + off // 16, level.grid), axis=1) if self.ndim else \
-                np.zeros((len(present), 0), np.int64)
-            coords = np.empty_like(local)
-            coords[:, list(level.perm)] = local
-            coords += np.array(shard, dtype=np.int64) * np.array(level.grid, dtype=np.int64)[np.argsort(level.perm)]
-            keep = np.ones(len(coords), bool)
-            for a, value in fixed.items():
-                keep &= coords[:, a] == value
-            parts.append((coords[keep], flat[present[keep], 0], flat[present[keep], 1]))
+        if isinstance(head, ShardIndex) and self._sliced_index:
+            return self._index_rows(key, shard, head, fixed)
+        parts: list[ChunkTable] = []
+        await self._scan_shard(shard, fixed, lambda table, matched: parts.append(table))
         if not parts:
             return _empty_table(self.ndim, key)
-        coords, offsets, lengths = (np.concatenate(c) for c in zip(*parts))
-        coords, offsets, lengths = self._inside(shard, coords, offsets, lengths)
+        coords, offsets, lengths = (np.concatenate([getattr(t, f) for t in parts]) for f in ("coords", "offsets", "lengths"))
         return ChunkTable(*_c_sorted(coords, offsets, lengths), key=key, version=head.version)
+
+    # -- listings, a few tables at a time
+
+    async def scan(self, fixed: dict[int, int], visit: Visit) -> None:
+        """Every stored chunk with the `fixed` grid coordinates (axis -> coordinate), handed to
+        `visit` as chunk tables, each of one shard (a shard may come in several), checked
+        against the shard's current version as in `tables`. Never more is in flight than the
+        tables of a few shards (about `SCAN_BYTES`) or one slice of a lazy index, so a listing
+        keeps only what it takes of them (views/chunks.py), whatever the shards hold."""
+        shards = await self.stored_shards(fixed)
+        todo = []
+        for shard in shards:  # cached and checked within the window: in line (see `tables`)
+            key = self.shard_key(shard)
+            table = self._listed_table(key, shard, fixed)
+            if table is None:
+                todo.append(shard)
+            else:
+                visit(table, self._sliced_index)
+        if not todo:
+            return
+        level = self.plan.levels[0]
+        if self._sliced_index and self.lazy(level):  # streamed: one shard, one slice at a time
+            for shard in todo:
+                await self._scan_shard(shard, fixed, visit)
+            return
+        rows = math.prod(p for a, p in enumerate(self.per_shard) if a not in fixed)
+        batch = max(1, min(64, SCAN_BYTES // max(1, 8 * (self.ndim + 2) * rows)))
+        for at in range(0, len(todo), batch):
+            await gather(lambda shard=shard: self._scan_shard(shard, fixed, visit) for shard in todo[at:at + batch])
+
+    async def _scan_shard(self, shard: tuple[int, ...], fixed: dict[int, int], visit: Visit) -> None:
+        key = self.shard_key(shard)
+        if not self._sliced_index and not self._walked:
+            visit(await self.chunks_in_shard(shard, LISTING_MAX_AGE), False)
+            return
+        head = await self._listed_head(key, LISTING_MAX_AGE)
+        if head is None:
+            return
+        if self._sliced_index:
+            await self._scan_index(key, shard, head, fixed, visit)
+            return
+        base = np.array(shard, dtype=np.int64) * self.shard_shape
+
+        def emit(coords: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
+            coords, offsets, lengths = self._inside(shard, coords, offsets, lengths)
+            if len(coords):
+                visit(ChunkTable(coords, offsets, lengths, key=key, version=head.version), True)
+
+        try:
+            await self._walk(key, 0, None, base, 0, head, emit, fixed)  # type: ignore[arg-type]
+        except CorruptShardError:
+            pass  # (logged when decoded; what was listed before it stays listed)
+
+    async def _scan_index(self, key: str, shard: tuple[int, ...], head: ShardIndex | LazyIndex, fixed: dict[int, int],
+                          visit: Visit) -> None:
+        """The stored chunks of one shard (one index level) with the `fixed` coordinates,
+        `LIST_SLICE` index entries at a time: only the span of the index that holds them is
+        read (one contiguous run where the fixed axes lead the index's order), a lazy index in
+        slices decoded in worker threads (other requests go on meanwhile)."""
+        level = self.plan.levels[0]
+        strides = [math.prod(level.grid[j + 1:]) for j in range(len(level.grid))]
+        lo, free, checks = 0, 0, []
+        for j, (a, g) in enumerate(zip(level.perm, level.grid)):
+            if a in fixed:
+                v = fixed[a] - shard[a] * g
+                if not 0 <= v < g:
+                    return
+                lo += v * strides[j]
+                checks.append((strides[j], g, v))
+            else:
+                free += (g - 1) * strides[j]
+        hi = lo + free + 1
+        if hi - lo == math.prod(g for a, g in zip(level.perm, level.grid) if a not in fixed):
+            checks = []  # the span holds nothing else (the fixed axes lead the index's order)
+        step = LIST_SLICE if isinstance(head, ShardIndex) else self._list_slice
+        for first in range(lo, hi, step):
+            count = min(step, hi - first)
+            if isinstance(head, ShardIndex):
+                part = self._slice_rows(head.entries[first:first + count], first, shard, checks)
+                await trio.lowlevel.checkpoint()
+            else:
+                raw = await self.store.read(key, head.at + 16 * first, 16 * count, expect=head.version)
+                if raw is None or len(raw) != 16 * count:
+                    log.warning("%s: shard index is truncated (listing stops there)", key)
+                    return
+                part = await decode_step(lambda data, first=first: self._slice_rows(head.decode(data), first, shard, checks), raw)
+            if part is not None:
+                visit(ChunkTable(*part, key=key, version=head.version), True)
+
+    def _slice_rows(self, flat: np.ndarray, first: int, shard: tuple[int, ...], checks: list) -> tuple | None:
+        """(coords, offsets, lengths) of the stored chunks in entries `flat` of a level-0
+        index, the first of them entry `first`, that pass `checks` ((stride, size, value) per
+        fixed index axis) and lie inside the array."""
+        present = _stored(flat)
+        if checks and len(present):
+            lin = present + first
+            keep = np.ones(len(present), bool)
+            for stride, g, v in checks:
+                keep &= (lin // stride) % g == v
+            present = present[keep]
+        if not len(present):
+            return None
+        level = self.plan.levels[0]
+        coords = np.empty((len(present), self.ndim), dtype=np.int64)
+        if self.ndim:
+            for a, g, pos in zip(level.perm, level.grid, np.unravel_index(present + first, level.grid)):
+                coords[:, a] = pos + shard[a] * g
+        coords, offsets, lengths = self._inside(shard, coords, flat[present, 0], flat[present, 1])
+        return (coords, offsets, lengths) if len(coords) else None
 
     def _index_rows(self, key: str, shard: tuple[int, ...], head: ShardIndex, fixed: dict[int, int]) -> ChunkTable:
         """The stored chunks of one shard with the `fixed` coordinates, straight from its
@@ -774,17 +883,20 @@ class ShardedArray:
         keep = np.all(coords < np.array(self.grid, dtype=np.int64), axis=1)
         return (coords[keep], *(c[keep] for c in columns))
 
-    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int, head: ShardIndex) -> list[tuple]:
-        """(grid coords, absolute offsets, lengths) of the innermost chunks below one index."""
+    async def _walk(self, key: str, start: int, length: int | None, base: np.ndarray, depth: int, head: ShardIndex,
+                    emit: Callable[[np.ndarray, np.ndarray, np.ndarray], None], fixed: dict[int, int] | None = None) -> None:
+        """`emit(grid coords, absolute offsets, lengths)` of the innermost chunks below one
+        index, one innermost index at a time; with `fixed`, only of chunks with those grid
+        coordinates (inner shards that cannot hold one are not read)."""
         level = self.plan.levels[depth]
         idx = head if depth == 0 else await self.index(key, start, length, depth, head)
         if idx is None:
-            return []
+            return
         if isinstance(idx, LazyIndex):  # (nested sharding with an index too large to hold)
             message = f"{key}: a nested index of {level.index_nbytes} bytes is too large to list (chunks open by name)"
             if first_time(message):
                 log.warning("%s", message)
-            return []
+            return
         present = idx.present()
         if self.ndim:
             local_level = np.stack(np.unravel_index(present, level.grid), axis=1)
@@ -794,15 +906,21 @@ class ShardedArray:
         local[:, list(level.perm)] = local_level
         elem = base + local * np.array(level.inner_shape, dtype=np.int64)
         entries = idx.entries[present]
+        if fixed:
+            keep = np.ones(len(elem), bool)
+            for a, v in fixed.items():
+                first = elem[:, a] // self.chunk_shape[a]
+                keep &= (first <= v) & (v < first + level.inner_shape[a] // self.chunk_shape[a])
+            elem, entries = elem[keep], entries[keep]
         if depth == len(self.plan.levels) - 1:
-            return [(elem // self.chunk_shape, entries[:, 0] + np.uint64(start), entries[:, 1])]
-        out: list[tuple] = []
+            if len(elem):
+                emit(elem // self.chunk_shape, entries[:, 0] + np.uint64(start), entries[:, 1])
+            return
         for row, (off, nb) in zip(elem, entries.tolist()):
             try:
-                out += await self._walk(key, start + off, nb, row, depth + 1, head)
+                await self._walk(key, start + off, nb, row, depth + 1, head, emit, fixed)
             except CorruptShardError:
                 continue
-        return out
 
     def _shard_ranges(self, fixed: dict[int, int]) -> list[range]:
         return [range(fixed[a] // p, fixed[a] // p + 1) if a in fixed else range(g)

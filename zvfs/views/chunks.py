@@ -8,6 +8,8 @@ array's shard indexes, an unsharded array's keys, a precomputed scale's shards).
 
 Inode numbers are computed, not stored: a directory at depth d is numbered by its d path
 coordinates, a file by all of them, per depth in C order of the path-ordered grid.
+
+Listings for the kernel are made in chunkrows.py.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from ..tree.nodes import (
     Stamp,
     Tree,
     grid_block_sizes,
-    stamp_of,
 )
+from .chunkrows import chunk_rows, leading_rows, matching_rows
 
 #: (inode, where the chunk's bytes are (None: a fill block), grid coords) -> the file
 MakeFile = Callable[[int, "ChunkRef | None", tuple[int, ...]], File]
@@ -86,8 +88,9 @@ class ChunkSpace(InodeRange):
     file."""
 
     def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile, plain: bool = False,
-                 stamp: Stamp = NO_STAMP):
+                 stamp: Stamp = NO_STAMP, where: str = ""):
         self.source = source
+        self.where = where  # the array's path, for messages
         self.stamp = stamp  # of the chunk directories: the store's `c/` (or array directory)
         self.layout = layout
         self.make_file = make_file
@@ -162,7 +165,7 @@ class ChunkSpace(InodeRange):
         leading = self.axes[:len(path)] == tuple(range(len(path)))  # the path fixes the first axes
         out = []
         for table in await self.source.tables(fixed):
-            rows = _leading_rows(table.coords, path) if leading else _matching_rows(table.coords, fixed)
+            rows = leading_rows(table.coords, path) if leading else matching_rows(table.coords, fixed)
             if len(rows):
                 out.append((table, rows))
         return out
@@ -187,62 +190,17 @@ class ChunkSpace(InodeRange):
         return [(str(i), ChunkDir(self.ino_of((*path, i)), self, (*path, i))) for i in values]
 
     async def rows(self, path: tuple[int, ...]) -> Rows:
-        """The listing of a nested chunk directory for the kernel, computed from the chunk
-        tables (vectorised: inode numbers, names, sizes) where the files are plain."""
-        d = len(path)
-        if d + 1 == self.ndim and not self.plain:
-            return Rows.of(await self.children(path))
-        found = await self.present(path)
-        rows = Rows.empty()
-        if d + 1 < self.ndim:  # directories: the distinct coordinates of the next axis
-            axis = self.axes[d]
-            values = distinct(np.concatenate([t.coords[r, axis] for t, r in found])).tolist() if found else []
-            for v in values:
-                rows.add(str(v), self.ino_of((*path, v)), True, 0, self.stamp, None)
-            return rows
-        self._add_files(rows, found, lambda pcoords: [str(c) for c in pcoords[:, -1].tolist()])
-        return rows
-
-    def _add_files(self, rows: Rows, found: list[tuple[ChunkTable, np.ndarray]], names: Callable[[np.ndarray], list[str]]) -> None:
-        """Plain files' rows from the chunk tables, all tables at once (a directory spans a few
-        shards; per-table numpy calls cost more than the rows themselves). The files are also
-        handed to the tree's recent listings, so that opening one right after needs no index
-        lookup and no path arithmetic."""
-        if not found:
-            return
-        coords = np.concatenate([t.coords[r] for t, r in found])
-        pcoords = coords[:, list(self.axes)]
-        lin = np.ravel_multi_index(tuple(pcoords.T), self.pgrid) if self.ndim else np.zeros(len(coords), np.int64)
-        inos = lin.astype(np.int64) + (self.start + self.depth_start[self.ndim])
-        which = np.repeat(np.arange(len(found)), [len(r) for _, r in found])
-        idx = np.concatenate([r for _, r in found])
-        order = np.argsort(inos)
-        # Python lists, made once per listing: reading numpy scalars back per open cost 1.5 µs
-        which_l, idx_l, coords_l = which[order].tolist(), idx[order].tolist(), coords[order].tolist()
-        make, tables = self.make_file, [t for t, _ in found]
-
-        def listed(ino: int, i: int) -> File:
-            c = tuple(coords_l[i])
-            return self._made(make(ino, tables[which_l[i]].ref(idx_l[i]), c), c)
-
-        self.tree.listed.add(inos[order], listed)
-        rows.names += names(pcoords)
-        rows.inos += inos.tolist()
-        rows.is_dir += [False] * len(inos)
-        for table, r in found:
-            v = table.version
-            rows.sizes += table.lengths[r].tolist()
-            rows.stamps += [stamp_of(v)] * len(r)
-            rows.tokens += [v] * len(r)
+        """The listing of a nested chunk directory for the kernel (chunkrows.py)."""
+        return await chunk_rows(self, path, nested=True)
 
     async def top_rows(self) -> Rows:
         """The chunk part of the array directory's listing, for the kernel."""
         layout = self.layout
-        if layout.nested or not self.plain:
-            return Rows.of(await self.top_entries())
-        rows = Rows.empty()
-        self._add_files(rows, await self.present(()), lambda pcoords: [layout.flat_name(tuple(c)) for c in pcoords.tolist()])
-        return rows
+        if layout.nested:
+            if layout.top:
+                return Rows.of(await self.top_entries())
+            return await chunk_rows(self, (), nested=True)
+        return await chunk_rows(self, (), nested=False)
 
     # -- the array directory's own level
 
@@ -264,27 +222,6 @@ class ChunkSpace(InodeRange):
                 return [(layout.top, ChunkDir(self.ino_of(()), self, ()))] if all(self.pgrid) else []
             return await self.children(())
         return self._files(await self.present(()), lambda coords, p: layout.flat_name(coords))
-
-
-def _leading_rows(coords: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
-    """Rows of a table (C-sorted) whose first coordinates are `values`: one run, found by
-    bisection, so a directory costs the log of its shard's chunk count, not a pass over them
-    (a directory of 100 files in a shard of 10^5 chunks: 160 µs with a mask over the table)."""
-    lo, hi = 0, len(coords)
-    for axis, v in enumerate(values):
-        column = coords[:, axis]
-        lo = bisect.bisect_left(column, v, lo, hi)
-        hi = bisect.bisect_right(column, v, lo, hi)
-    return np.arange(lo, hi)
-
-
-def _matching_rows(coords: np.ndarray, fixed: dict[int, int]) -> np.ndarray:
-    """Rows of a table with the `fixed` coordinates (axis -> value), anywhere in its order."""
-    mask = None
-    for axis, v in fixed.items():
-        match = coords[:, axis] == v
-        mask = match if mask is None else mask & match
-    return np.arange(len(coords)) if mask is None else np.flatnonzero(mask)
 
 
 class ChunkDir(Dir):

@@ -18,7 +18,7 @@ from ..formats.array import ArrayModel, ChunkSource, GroupModel, Hierarchy
 from ..formats.zarr3 import child_path
 from ..storage.base import Entry, Store
 from ..storage.cache import CoalescingCache
-from ..tree.nodes import BytesFile, Dir, Node, Stamp, Tree, stamp_of
+from ..tree.nodes import BytesFile, Dir, Node, Rows, Stamp, Tree, stamp_of
 from .chunks import ChunkSpace, Layout, MakeFile
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class ArrayDir(Dir):
         self.array = array
         source = view.source(array)
         self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source),
-                                 stamp=view.chunk_stamp(array))
+                                 stamp=view.chunk_stamp(array), where=array.path)
 
     def stamp(self) -> Stamp:
         return self.view.stamp(self.array.path)
@@ -159,3 +159,10 @@ class ArrayDir(Dir):
 
     async def entries(self) -> list[tuple[str, Node]]:
         return sorted([*self._files().items(), *await self.chunks.top_entries()], key=lambda e: e[0])
+
+    async def rows(self) -> Rows:
+        """The chunk rows (made a window at a time: no node per chunk) and the metadata files."""
+        rows = await self.chunks.top_rows()
+        for name, node in self._files().items():
+            rows.add(name, node.ino, False, node.known_size(), node.stamp(), node.token())  # type: ignore[attr-defined]
+        return rows

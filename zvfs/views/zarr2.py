@@ -139,6 +139,19 @@ class FilledSource:
     async def tables(self, fixed: dict[int, int]) -> list[ChunkTableLike]:
         return await self.inner.tables(fixed)
 
+    @property
+    def per_shard(self) -> tuple[int, ...] | None:
+        return getattr(self.inner, "per_shard", None)
+
+    async def scan(self, fixed: dict[int, int], visit) -> None:
+        """The inner source's tables for a listing, a few at a time where it can (chunks.py)."""
+        scan = getattr(self.inner, "scan", None)
+        if scan is not None:
+            await scan(fixed, visit)
+            return
+        for table in await self.inner.tables(fixed):
+            visit(table, False)
+
 
 class Zarr2View(HierarchyView):
     name = "zarr2"

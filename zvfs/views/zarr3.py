@@ -185,7 +185,7 @@ class ShardedArrayDir(Dir):
         path = array.node.path
         chunk_dir = child_path(path, layout.top) if layout.top else path
         self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref), plain=True,
-                                 stamp=view.stamp(chunk_dir if chunk_dir in view.dirs else path))
+                                 stamp=view.stamp(chunk_dir if chunk_dir in view.dirs else path), where=path)
 
     def stamp(self) -> Stamp:
         return self.view.stamp(self.array.node.path)

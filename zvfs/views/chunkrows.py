@@ -1,0 +1,625 @@
+"""Chunk directory listings for the kernel (`ChunkRows`), never a Python object per entry.
+
+A directory's listing is made from the chunk tables a source hands over a few at a time
+(`scan`: a shard index too large to hold is streamed in slices), kept as compact numpy data per
+segment (a shard's span along the listed axis), and the kernel's rows are made a window at a
+time from it. Files keep their rows of the chunk tables (sizes, where their bytes are) while
+the listings of all open chunk directories fit their budget (`RowsBudget`: the listings cache's
+size); past it only which positions hold a chunk is kept (sorted narrow integers, or a bitmap
+where that is smaller; sizes are then asked by the kernel per file), and a listing that does
+not fit even so is EIO with one log line saying which option to raise.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Hashable
+
+import numpy as np
+
+from ..errors import StorageError
+from ..formats.array import distinct
+from ..tree.nodes import File, Rows, Stamp, Tree, stamp_of
+
+if TYPE_CHECKING:
+    from .chunks import ChunkSpace
+
+
+async def chunk_rows(space: ChunkSpace, path: tuple[int, ...], nested: bool) -> ChunkRows:
+    """The rows of `space`'s directory at `path` (nested: the values of the next path axis, or
+    the files of the last; flat: every chunk file), made from the tables the source hands
+    over (`scan`), a few at a time."""
+    rows = ChunkRows(space, path, nested)
+    build = _Build(rows, {space.axes[i]: c for i, c in enumerate(path)})
+    try:
+        scan = getattr(space.source, "scan", None)
+        if scan is not None:
+            await scan(build.fixed, build.add)
+        else:
+            for table in await space.source.tables(build.fixed):
+                build.add(table)
+        build.finish()
+    except BaseException:
+        rows.release()
+        raise
+    return rows
+
+
+def leading_rows(coords: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    """Rows of a table (C-sorted) whose first coordinates are `values`: one run, found by
+    bisection, so a directory costs the log of its shard's chunk count, not a pass over them
+    (a directory of 100 files in a shard of 10^5 chunks: 160 µs with a mask over the table)."""
+    lo, hi = 0, len(coords)
+    for axis, v in enumerate(values):
+        column = coords[:, axis]
+        lo = bisect.bisect_left(column, v, lo, hi)
+        hi = bisect.bisect_right(column, v, lo, hi)
+    return np.arange(lo, hi)
+
+
+def matching_rows(coords: np.ndarray, fixed: dict[int, int]) -> np.ndarray:
+    """Rows of a table with the `fixed` coordinates (axis -> value), anywhere in its order."""
+    mask = None
+    for axis, v in fixed.items():
+        match = coords[:, axis] == v
+        mask = match if mask is None else mask & match
+    return np.arange(len(coords)) if mask is None else np.flatnonzero(mask)
+
+
+# --------------------------------------------------------------------------- listings for the kernel
+
+
+class ListingTooLarge(StorageError):
+    """A chunk directory whose listing does not fit the listing budget even as a bare record of
+    which positions hold a chunk: EIO for the listing (lookups by name still work), one log
+    line naming the option to raise."""
+
+
+class RowsBudget:
+    """The bytes the listings of open chunk directories (`ChunkRows`, held per open directory
+    handle) take, all together: at most the listings cache's size, the index share of the
+    `memory` budget that is not shard indexes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.used = 0
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve `nbytes` more (a negative number gives back); False, and nothing taken,
+        when that would pass the budget."""
+        if nbytes > 0 and self.used + nbytes > self.max_bytes:
+            return False
+        self.used += nbytes
+        return True
+
+
+_BUDGETS: "weakref.WeakKeyDictionary[Tree, RowsBudget]" = weakref.WeakKeyDictionary()
+
+
+def rows_budget(tree: Tree) -> RowsBudget:
+    """The one RowsBudget of a tree (a mounted view)."""
+    found = _BUDGETS.get(tree)
+    if found is None:
+        found = _BUDGETS[tree] = RowsBudget(max(1 << 20, tree.listings.max_bytes))
+    return found
+
+
+#: bytes counted per segment and per kept table besides their arrays (the Python objects)
+_OBJECT_COST = 256
+#: positions gathered for a segment are merged (sorted, repeats dropped) when there are this
+#: many more than at the last merge
+_MERGE_AT = 1 << 16
+#: bits per block of a bitmap's rank directory (a window unpacks only the blocks it needs)
+_RANK_BLOCK = 1 << 16
+_RANK_BYTES = _RANK_BLOCK // 8
+#: the stamp of a file listed without its shard's version (not known without I/O): no bits;
+#: its size is unknown too, so the kernel asks for its attributes before using them
+_UNKNOWN = Stamp(mode=0)
+
+
+def _narrow(span: int) -> np.dtype:
+    """The smallest unsigned type holding every position below `span`."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if span <= int(np.iinfo(dtype).max) + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
+def _bitmap_nbytes(span: int) -> int:
+    """Bytes of a bitmap of positions [0, span): whole rank blocks past one block."""
+    nbytes = -(-span // 8)
+    return -(-nbytes // _RANK_BYTES) * _RANK_BYTES if span > _RANK_BLOCK else nbytes
+
+
+def _bitmap(span: int) -> np.ndarray:
+    return np.zeros(_bitmap_nbytes(span), np.uint8)
+
+
+def _set_bits(bits: np.ndarray, pos: np.ndarray) -> None:
+    pos = pos.astype(np.int64, copy=False)
+    np.bitwise_or.at(bits, pos >> 3, np.right_shift(np.uint8(128), (pos & 7).astype(np.uint8)))
+
+
+class _Positions:
+    """The positions in [0, span) of one segment that hold an entry, while a listing is made
+    (any order, repeats allowed): narrow integer parts, merged (sorted, repeats dropped) as
+    they grow, or a bitmap over the span where that takes less."""
+
+    __slots__ = ("span", "dtype", "parts", "merged", "added", "bits", "nbytes")
+
+    def __init__(self, span: int):
+        self.span = span
+        self.dtype = _narrow(span)
+        self.parts: list[np.ndarray] = []
+        self.merged = True  # parts is [] or [one sorted array without repeats]
+        self.added = 0  # positions added since the last merge
+        self.bits: np.ndarray | None = None
+        self.nbytes = 0
+
+    def add(self, pos: np.ndarray) -> None:
+        if self.bits is not None:
+            _set_bits(self.bits, pos)
+            return
+        part = pos.astype(self.dtype, copy=False)
+        self.parts.append(part)
+        self.merged = len(self.parts) == 1 and len(part) < 2
+        self.added += len(part)
+        self.nbytes += part.nbytes
+        if self.added >= max(_MERGE_AT, len(self.parts[0])):
+            self.merge()
+
+    def merge(self) -> None:
+        if self.bits is not None or self.merged:
+            return
+        pos = distinct(np.concatenate(self.parts)) if len(self.parts) > 1 else distinct(self.parts[0])
+        self.parts, self.merged, self.added = [pos], True, 0
+        self.nbytes = pos.nbytes
+        if pos.nbytes > _bitmap_nbytes(self.span):
+            self.bits = _bitmap(self.span)
+            _set_bits(self.bits, pos)
+            self.parts, self.nbytes = [], self.bits.nbytes
+
+    def presence(self) -> "_Presence":
+        self.merge()
+        if self.bits is not None:
+            return _Presence(None, self.bits)
+        return _Presence(self.parts[0] if self.parts else np.zeros(0, self.dtype), None)
+
+
+class _Presence:
+    """Which positions of a segment hold an entry, for good: sorted narrow integers, or a
+    bitmap (with the count of set bits before each block) where that is smaller."""
+
+    __slots__ = ("count", "pos", "bits", "rank")
+
+    def __init__(self, pos: np.ndarray | None, bits: np.ndarray | None):
+        self.pos, self.bits, self.rank = pos, bits, None
+        if bits is None:
+            self.count = len(pos)  # type: ignore[arg-type]
+        elif len(bits) > _RANK_BYTES:
+            per_block = np.bitwise_count(bits.view(np.uint64)).reshape(-1, _RANK_BYTES // 8).sum(axis=1, dtype=np.int64)
+            self.rank = np.concatenate([[0], np.cumsum(per_block)])
+            self.count = int(self.rank[-1])
+        else:
+            self.count = int(np.bitwise_count(bits).sum())
+
+    @property
+    def nbytes(self) -> int:
+        return self.pos.nbytes if self.bits is None else self.bits.nbytes + (0 if self.rank is None else self.rank.nbytes)
+
+    def select(self, i: int, j: int) -> np.ndarray:
+        """The positions of entries i to j-1 (int64)."""
+        if self.bits is None:
+            return self.pos[i:j].astype(np.int64)  # type: ignore[index]
+        if self.rank is None:
+            return np.flatnonzero(np.unpackbits(self.bits))[i:j]
+        rank, out = self.rank, []
+        block = int(np.searchsorted(rank, i, side="right")) - 1
+        skip, need = i - int(rank[block]), j - i
+        while need > 0 and block < len(rank) - 1:
+            if rank[block + 1] > rank[block]:
+                found = np.flatnonzero(np.unpackbits(self.bits[block * _RANK_BYTES:(block + 1) * _RANK_BYTES]))
+                found = found[skip:skip + need] + block * _RANK_BLOCK
+                skip, need = 0, need - len(found)
+                out.append(found)
+            block += 1
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _take(table, rows: np.ndarray):
+    """A chunk table (ChunkTable, VolumeTable, ...) of some of its rows."""
+    m = len(table.coords)
+    changes = {}
+    for f in dataclasses.fields(table):
+        value = getattr(table, f.name)
+        if isinstance(value, np.ndarray) and value.shape[:1] == (m,):
+            changes[f.name] = value[rows]
+        elif isinstance(value, list) and len(value) == m:
+            changes[f.name] = [value[i] for i in rows.tolist()]
+    return dataclasses.replace(table, **changes)
+
+
+def _joinable(a, b) -> bool:
+    """Two tables of the same shard version with one key: their rows can be one table."""
+    return (type(a) is type(b) and getattr(a, "keys", None) is None and getattr(b, "keys", None) is None
+            and getattr(a, "key", None) == getattr(b, "key", None) and getattr(a, "version", None) is getattr(b, "version", None))
+
+
+def _join(tables: list) -> list:
+    """Consecutive joinable tables made one (the slices of one shard's index)."""
+    out: list = []
+    run: list = []
+    for t in tables + [None]:
+        if run and (t is None or not _joinable(run[0], t)):
+            if len(run) == 1:
+                out.append(run[0])
+            else:
+                first = run[0]
+                m = len(first.coords)
+                changes = {f.name: np.concatenate([getattr(x, f.name) for x in run])
+                           for f in dataclasses.fields(first)
+                           if isinstance(getattr(first, f.name), np.ndarray) and getattr(first, f.name).shape[:1] == (m,)}
+                out.append(dataclasses.replace(first, **changes))
+            run = []
+        if t is not None:
+            run.append(t)
+    return out
+
+
+@dataclass(slots=True)
+class _Segment:
+    """The entries of one segment of a listing (the positions one shard spans along the listed
+    axis, or a shard's chunks in a flat listing), in position order: the rows of its chunk
+    tables (`tables`, in `order` of their concatenation when they need one), or which
+    positions hold an entry (`presence`)."""
+
+    seg: int
+    count: int
+    tables: list | None = None
+    starts: np.ndarray | None = None  # row of each table in the concatenation
+    order: np.ndarray | None = None
+    presence: _Presence | None = None
+
+    @property
+    def nbytes(self) -> int:
+        if self.presence is not None:
+            return self.presence.nbytes + _OBJECT_COST
+        return (sum(t.nbytes + _OBJECT_COST for t in self.tables or ()) + (0 if self.order is None else self.order.nbytes)
+                + _OBJECT_COST)
+
+
+class ChunkRows(Rows):
+    """The rows of one chunk directory for the kernel, made a window at a time (`window`) from
+    compact numpy data per segment (see the module docstring), plus a few rows added by the
+    directory itself (`add`: metadata files). What it holds is counted in the tree's
+    `RowsBudget` for as long as it lives (the directory handle that listed it)."""
+
+    def __init__(self, space: ChunkSpace, path: tuple[int, ...], nested: bool):
+        self.space = space
+        self.path = path
+        self.nested = nested
+        d = len(path)
+        self.axis = space.axes[d] if nested else None
+        self.files = not nested or d + 1 == space.ndim
+        if nested:
+            lin = 0
+            for c, g in zip(path, space.pgrid):
+                lin = lin * g + c
+            self.base_ino = space.start + space.depth_start[d + 1] + lin * space.pgrid[d]
+        else:
+            self.base_ino = space.start + space.depth_start[space.ndim]
+        source = space.source
+        per = getattr(source, "per_shard", None) or source.grid
+        self.per_shard = tuple(max(1, int(p)) for p in per)
+        self.shard_grid = tuple(-(-g // p) for g, p in zip(source.grid, self.per_shard))
+        self.span = self.per_shard[self.axis] if nested else math.prod(self.per_shard)  # type: ignore[index]
+        self.segments: list[_Segment] = []
+        self.starts = np.zeros(1, np.int64)
+        self.extra = Rows.empty()
+        self.budget = rows_budget(space.tree)
+        self.held = 0
+
+    # -- the budget
+
+    def hold(self, nbytes: int, force: bool = False) -> bool:
+        """Hold `nbytes` in all (instead of what is held now)."""
+        if self.budget.take(nbytes - self.held):
+            self.held = nbytes
+            return True
+        if force:
+            self.budget.used += nbytes - self.held
+            self.held = nbytes
+        return force
+
+    def release(self) -> None:
+        self.budget.take(-self.held)
+        self.held = 0
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # (interpreter shutdown)
+            pass
+
+    def where(self) -> str:
+        parts = [self.space.where, *([self.space.layout.top] if self.nested and self.space.layout.top else []), *map(str, self.path)]
+        return "/".join(p for p in parts if p) or "/"
+
+    # -- positions and grid coordinates
+
+    def place(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(segment, position within it) of chunks by grid coordinates."""
+        if self.nested:
+            values = coords[:, self.axis]
+            return values // self.span, values % self.span
+        if not self.space.ndim:
+            zero = np.zeros(len(coords), np.int64)
+            return zero, zero
+        per = np.array(self.per_shard, dtype=np.int64)
+        shard = coords // per
+        return (np.ravel_multi_index(tuple(shard.T), self.shard_grid).astype(np.int64),
+                np.ravel_multi_index(tuple((coords - shard * per).T), self.per_shard).astype(np.int64))
+
+    def unplace(self, seg: int, pos: np.ndarray) -> np.ndarray:
+        """Values of the listed axis (nested) or grid coordinates (flat) of positions of a segment."""
+        if self.nested:
+            return pos + seg * self.span
+        if not self.space.ndim:
+            return np.zeros((len(pos), 0), np.int64)
+        base = np.array(np.unravel_index(seg, self.shard_grid), dtype=np.int64) * np.array(self.per_shard, dtype=np.int64)
+        return np.stack(np.unravel_index(pos, self.per_shard), axis=1).astype(np.int64) + base
+
+    def names_inos(self, values: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Names and inode numbers of entries by `unplace` values."""
+        if self.nested:
+            return [str(v) for v in values.tolist()], values + self.base_ino
+        space = self.space
+        pcoords = values[:, list(space.axes)]
+        lin = np.ravel_multi_index(tuple(pcoords.T), space.pgrid).astype(np.int64) if space.ndim else np.zeros(len(values), np.int64)
+        flat_name = space.layout.flat_name
+        return [flat_name(tuple(c)) for c in values.tolist()], lin + self.base_ino
+
+    # -- Rows
+
+    def __len__(self) -> int:
+        return int(self.starts[-1]) + len(self.extra)
+
+    def add(self, name: str, ino: int, is_dir: bool, size: int | None, stamp: Stamp, token: Hashable) -> None:
+        self.extra.add(name, ino, is_dir, size, stamp, token)
+
+    def window(self, start: int, stop: int) -> tuple[list, list, list, list, list, list]:
+        out: tuple[list, list, list, list, list, list] = ([], [], [], [], [], [])
+        total = int(self.starts[-1])
+        at = max(0, start)
+        k = int(np.searchsorted(self.starts, at, side="right")) - 1
+        while at < min(stop, total):
+            first = int(self.starts[k])
+            i, j = at - first, min(stop, int(self.starts[k + 1])) - first
+            if j > i:
+                self._segment_rows(self.segments[k], i, j, out)
+            at, k = first + j, k + 1
+        if stop > total:
+            for column, extra in zip(out, self.extra.window(max(0, start - total), stop - total)):
+                column += extra
+        return out
+
+    @property
+    def names(self) -> list[str]:  # type: ignore[override]
+        return self.window(0, len(self))[0]
+
+    @property
+    def inos(self) -> list[int]:  # type: ignore[override]
+        return self.window(0, len(self))[1]
+
+    @property
+    def is_dir(self) -> list[bool]:  # type: ignore[override]
+        return self.window(0, len(self))[2]
+
+    @property
+    def sizes(self) -> list:  # type: ignore[override]
+        return self.window(0, len(self))[3]
+
+    @property
+    def stamps(self) -> list:  # type: ignore[override]
+        return self.window(0, len(self))[4]
+
+    @property
+    def tokens(self) -> list:  # type: ignore[override]
+        return self.window(0, len(self))[5]
+
+    def _segment_rows(self, segment: _Segment, i: int, j: int, out: tuple) -> None:
+        names, inos, dirs, sizes, stamps, tokens = out
+        n = j - i
+        if segment.presence is not None:
+            values = self.unplace(segment.seg, segment.presence.select(i, j))
+            seg_names, seg_inos = self.names_inos(values)
+            names += seg_names
+            inos += seg_inos.tolist()
+            if self.files:
+                dirs += [False] * n
+                sizes += [None] * n
+                stamps += [_UNKNOWN] * n
+                tokens += [None] * n
+            else:
+                dirs += [True] * n
+                sizes += [0] * n
+                stamps += [self.space.stamp] * n
+                tokens += [None] * n
+            return
+        space = self.space
+        tables = segment.tables
+        assert tables is not None
+        if segment.order is None and len(tables) == 1:  # one table, in position order
+            table = tables[0]
+            coords = table.coords[i:j]
+            rows_l = list(range(i, j))
+            pick = None
+        else:
+            at = segment.order[i:j].astype(np.int64) if segment.order is not None else np.arange(i, j)
+            which = np.searchsorted(segment.starts, at, side="right") - 1  # type: ignore[arg-type]
+            rows = at - segment.starts[which]  # type: ignore[index]
+            coords = np.empty((n, space.ndim), np.int64)
+            for t in distinct(which).tolist():
+                sel = which == t
+                coords[sel] = tables[t].coords[rows[sel]]
+            rows_l, pick = rows.tolist(), which.tolist()
+
+        def table_of(k: int):
+            return table if pick is None else tables[pick[k]]  # type: ignore[index]
+
+        seg_names, seg_inos = self.names_inos(coords[:, self.axis] if self.nested else coords)
+        names += seg_names
+        inos += seg_inos.tolist()
+        dirs += [False] * n
+        coords_l = coords.tolist()
+        if not space.plain:  # the view's files (transcoded, with headers): made for the window's rows
+            make = space.make_file
+            for k, ino in enumerate(seg_inos.tolist()):
+                c = tuple(coords_l[k])
+                node = space._made(make(ino, table_of(k).ref(rows_l[k]), c), c)
+                sizes.append(node.known_size())
+                stamps.append(node.stamp())
+                tokens.append(node.token())
+            return
+        if pick is None:
+            sizes += table.lengths[i:j].tolist()
+            stamps += [stamp_of(table.version)] * n
+            tokens += [table.version] * n
+        else:
+            shown: dict[int, Stamp] = {}
+            for k in range(n):
+                t = table_of(k)
+                sizes.append(t.lengths.item(rows_l[k]))
+                stamp = shown.get(id(t))
+                if stamp is None:
+                    stamp = shown[id(t)] = stamp_of(t.version)
+                stamps.append(stamp)
+                tokens.append(t.version)
+        # the window's files to the tree's recent listings: opened right after, they need no
+        # index lookup (the open still checks the shard's version). Kept as numpy arrays (about
+        # 40 bytes a file, against 150 as Python lists: the listings keep 65,536 files)
+        order = np.argsort(seg_inos, kind="stable")
+        made_coords = coords[order]
+        made_rows = np.asarray(rows_l, dtype=np.int64)[order]
+        made_tables = [table] if pick is None else tables
+        which_t = None if pick is None else np.asarray(pick, dtype=np.int32)[order]
+        make = space.make_file
+
+        def listed(ino: int, r: int) -> File:
+            c = tuple(made_coords[r].tolist())
+            t = made_tables[0] if which_t is None else made_tables[which_t.item(r)]
+            return space._made(make(ino, t.ref(made_rows.item(r)), c), c)
+
+        space.tree.listed.add(seg_inos[order], listed)
+
+
+class _Build:
+    """Makes a ChunkRows from the chunk tables a source hands over (`add`), in any order,
+    within the rows budget: files keep their table rows while they fit, then only their
+    positions; positions are merged or made bitmaps as they grow; ListingTooLarge past that."""
+
+    def __init__(self, rows: ChunkRows, fixed: dict[int, int]):
+        self.rows = rows
+        self.fixed = fixed
+        space = rows.space
+        self.leading = space.axes[:len(rows.path)] == tuple(range(len(rows.path)))  # (tables are C-sorted)
+        self.tables: dict[int, list] | None = {} if rows.files else None
+        self.positions: dict[int, _Positions] = {}
+        self.nbytes = 0  # of the tables kept (and the order they will need)
+        self.seen = 0  # entries handed over (for the message)
+
+    def add(self, table, matched: bool = False) -> None:
+        """A table of chunks: C-sorted, or `matched` (every row has the fixed coordinates)."""
+        coords = table.coords
+        m = len(coords)
+        if not m:
+            return
+        if self.fixed and not matched:
+            rows = leading_rows(coords, self.rows.path) if self.leading else matching_rows(coords, self.fixed)
+            if not len(rows):
+                return
+            if len(rows) < m:
+                coords = coords[rows]
+                if self.tables is not None:
+                    table = _take(table, rows)
+        self.seen += len(coords)
+        seg, pos = self.rows.place(coords)
+        if len(seg) and seg[0] == seg[-1] and (seg == seg[0]).all():
+            groups = [(int(seg[0]), None)]
+        else:
+            order = np.argsort(seg, kind="stable")
+            seg, pos, coords = seg[order], pos[order], None
+            if self.tables is not None:
+                table = _take(table, order)
+            cuts = np.flatnonzero(seg[1:] != seg[:-1]) + 1
+            bounds = [0, *cuts.tolist(), len(seg)]
+            groups = [(int(seg[a]), slice(a, b)) for a, b in zip(bounds, bounds[1:])]
+        for s, part in groups:
+            if self.tables is not None:
+                piece = table if part is None else _take(table, np.arange(part.start, part.stop))
+                kept = self.tables.get(s)
+                if kept is None:
+                    kept = self.tables[s] = []
+                    self.nbytes += _OBJECT_COST
+                kept.append(piece)
+                self.nbytes += piece.nbytes + 8 * len(piece.coords) + _OBJECT_COST
+            else:
+                self._add_positions(s, pos if part is None else pos[part])
+        self.check()
+
+    def _add_positions(self, seg: int, pos: np.ndarray) -> None:
+        acc = self.positions.get(seg)
+        if acc is None:
+            acc = self.positions[seg] = _Positions(self.rows.span)
+            self.nbytes += _OBJECT_COST
+        before = acc.nbytes
+        acc.add(pos if self.rows.files else distinct(pos))
+        self.nbytes += acc.nbytes - before
+
+    def check(self) -> None:
+        if self.rows.hold(self.nbytes):
+            return
+        if self.tables is not None:  # too many files to keep their rows: positions only
+            tables, self.tables = self.tables, None
+            self.nbytes = 0
+            for s, kept in tables.items():
+                for table in kept:
+                    self._add_positions(s, self.rows.place(table.coords)[1])
+            if self.rows.hold(self.nbytes):
+                return
+        self.nbytes = 0
+        for acc in self.positions.values():
+            acc.merge()
+            self.nbytes += acc.nbytes + _OBJECT_COST
+        if self.rows.hold(self.nbytes):
+            return
+        budget = self.rows.budget
+        raise ListingTooLarge(
+            f"{self.rows.where()}: listing this directory ({self.seen} entries so far) would take more than the "
+            f"{budget.max_bytes >> 10} KiB that the listings of open chunk directories may hold "
+            f"({(budget.used - self.rows.held) >> 10} KiB held by others); raise -o memory= (or index_cache=)")
+
+    def finish(self) -> None:
+        rows = self.rows
+        segments = []
+        if self.tables is not None:
+            for s in sorted(self.tables):
+                tables = _join(self.tables.pop(s))
+                starts = np.cumsum([0, *(len(t.coords) for t in tables)])
+                pos = np.concatenate([rows.place(t.coords)[1] for t in tables])
+                order = None
+                if len(tables) > 1 or len(pos) > 1 and not bool((pos[1:] > pos[:-1]).all()):
+                    order = np.argsort(pos, kind="stable").astype(_narrow(len(pos)))
+                segments.append(_Segment(s, len(pos), tables, starts, order))
+        else:
+            for s in sorted(self.positions):
+                presence = self.positions.pop(s).presence()
+                if presence.count:
+                    segments.append(_Segment(s, presence.count, presence=presence))
+        rows.segments = segments
+        rows.starts = np.cumsum([0, *(seg.count for seg in segments)]).astype(np.int64)
+        rows.hold(sum(seg.nbytes for seg in segments) + rows.starts.nbytes, force=True)
