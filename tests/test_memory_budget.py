@@ -290,14 +290,20 @@ def test_parsed_size_is_never_under_what_json_takes():
 
     from zvfs.formats.jsonfile import parsed_size
 
-    def peak(raw: bytes) -> int:
-        json.loads(raw)  # (the first parse of a shape allocates caches of its own)
+    def traced(raw: bytes) -> int:
         tracemalloc.start()
         try:
             json.loads(raw)
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
+
+    def peak(raw: bytes) -> int:
+        """The lower of two traced parses: tracemalloc counts every thread's allocations, and
+        a thread left by an earlier test of the session (an fsspec loop) can add its own to
+        one parse (seen once in 20,500 examples; the parse's own peak is the same each time)."""
+        json.loads(raw)  # (the first parse of a shape allocates caches of its own)
+        return min(traced(raw), traced(raw))
 
     n = 100_000
     worst = {"empty objects": _dense(3 * n), "empty lists": b"[" + b"[]," * n + b"[]]",
