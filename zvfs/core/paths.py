@@ -167,7 +167,9 @@ class Paths:
             raise _error(errno.EACCES, path)
         rows = await node.rows()  # type: ignore[union-attr]
         names, _, dirs, sizes, stamps, _ = rows.window(0, len(rows))
-        return [self._stat(names[i], dirs[i], sizes[i], stamps[i]) for i in range(len(names))]
+        # (rows come in the tree's order: a chunk directory's in grid order, `1.0` before `0.4`)
+        order = sorted(range(len(names)), key=names.__getitem__)
+        return [self._stat(names[i], dirs[i], sizes[i], stamps[i]) for i in order]
 
     async def open(self, path: str) -> OpenFile:
         node = await self.resolve(path)
