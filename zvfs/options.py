@@ -46,7 +46,8 @@ OWN = {
                                              "whose parse is estimated to take more, refuses the mount (default: a quarter of memory)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
     "fsname": ("fsname", "str", "name shown as the mount's source in /proc/mounts (default: SOURCE)"),
-    "endpoint": ("endpoint", "str", "s3:// and gs://: the service URL (S3-compatible servers, emulators)"),
+    "endpoint": ("endpoint", "str", "s3:// and gs://: the service URL (S3-compatible servers, emulators); gs:// then "
+                                    "takes credentials from GOOGLE_APPLICATION_CREDENTIALS or gcloud's file only, else none"),
     "region": ("region", "str", "s3://: the bucket's region"),
     "profile": ("profile", "str", "s3://: the credentials profile to use (~/.aws)"),
     "anon": ("anon", "flag", "s3:// and gs://: anonymous access (public buckets)"),

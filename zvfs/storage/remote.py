@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
-import os
 import random
 import re
 from collections import OrderedDict
@@ -62,12 +61,6 @@ from .base import Entry, Store, Version
 log = logging.getLogger("zvfs.storage")
 #: stamina logs a bare "stamina.retry_scheduled" warning per retry; ours (debug) names the key
 stamina.instrumentation.set_on_retry_hooks([])
-
-#: gcsfs (read when fsspec first imports it, after this module) otherwise swaps in its
-#: experimental zonal-bucket layer, whose bucket-type probe goes to Google over gRPC whatever
-#: the endpoint: a `zvfs ls` of a gs:// store on a loopback server failed after 41 s with it
-#: (0.8 s without). zvfs reads GCS through the JSON API (`_gcs_get`): the layer adds nothing.
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 T = TypeVar("T")
 MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
