@@ -252,3 +252,32 @@ def test_the_bucket_layout_probe_is_off(zarr_sources, gcs, how):
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert b"consolidated" in r.stdout
     assert took < 15, f"took {took:.1f} s"
+
+
+async def test_versions_are_generations_and_a_same_size_rewrite_is_seen(tmp_path):
+    """Against fake-gcs-server, which sends `x-goog-generation` as GCS does (this emulator
+    does not): a read's version is the object's generation (gcsfs's `info` agrees), and a read
+    expecting it after a rewrite of the same size is ShardChanged (ifGenerationMatch: 412),
+    never the new bytes."""
+    from servers import GCS
+    from zvfs.errors import ShardChanged
+    from zvfs.options import parse_options, storage_options
+    from zvfs.storage.open import open_store
+
+    server = GCS(tmp_path / "gcs").start()
+    try:
+        (tmp_path / "d").mkdir()
+        (tmp_path / "d" / "k").write_bytes(b"a" * 100)
+        url = server.upload(tmp_path / "d", "gen", "p")
+        opts = storage_options("gs", parse_options([f"endpoint={server.url},anon"]))
+        store = open_store(url, storage_options=opts, readahead=0)
+        data, version = await store.read_version("k", -10)
+        assert data == b"a" * 10
+        assert version.tag == ("generation", str(store.fs.info("gen/p/k")["generation"]))
+        (tmp_path / "d" / "k").write_bytes(b"b" * 100)
+        server.upload(tmp_path / "d", "gen", "p")
+        with pytest.raises(ShardChanged):
+            await store.read("k", 0, 10, expect=version)
+        await store.aclose()
+    finally:
+        server.stop()
