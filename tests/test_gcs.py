@@ -7,15 +7,19 @@ GOOGLE_APPLICATION_CREDENTIALS, an empty gcloud configuration) and with the clou
 server's address pointed at a loopback recorder, and mounts with `endpoint=` only (no `anon`),
 as a user trying an emulator would:
 
-- every Zarr fixture kind (index at the start and at the end, nested sharding, ...) of both
-  writers and every precomputed fixture set (tensorstore's and cloud-volume's sharded scales,
-  annotations) read the same from gs:// as from the local disk, in every view, and a tree walk
-  asks for no suffix range (the listing gave each shard's size);
+- every Zarr fixture kind (index at the start and at the end, nested sharding, ...) read the
+  same from gs:// as from the local disk in every view (zarr-python's store in zarr, zarr2
+  and n5; tensorstore's, the same kinds, in zarr), and so does every precomputed fixture set
+  (tensorstore's and cloud-volume's sharded scales in precomputed, zarr, zarr2 and n5;
+  annotations); no suffix range is asked for an object whose size an answer gave;
+- with an index cache too small to keep any index, indexes read again are absolute ranges;
 - a chunk read with no listing before (size unknown: a suffix range, answered whole) is right;
 - `zvfs inspect --strict` finds no damage;
-- nothing asks the metadata server, and credentials from GOOGLE_APPLICATION_CREDENTIALS are
-  used (the emulator sees their bearer token);
-- gcsfs's experimental bucket-layout probe is off (a `zvfs ls` takes seconds, not a minute).
+- nothing asks the metadata server; credentials from GOOGLE_APPLICATION_CREDENTIALS are used
+  (the emulator sees their bearer token), none without them;
+- gcsfs's experimental bucket-layout probe is never used (`zvfs ls`, and the fsspec front in a
+  process that imported gcsfs first, take seconds, not 20-60 s per listing);
+- (against fake-gcs-server) a read's version is the object's generation.
 """
 
 from __future__ import annotations
