@@ -1,7 +1,8 @@
 """Real servers on loopback for remote-store tests and benchmarks: nginx (Debian's, with Range
 support and an access log that records every request), an S3-protocol server (moto in server
-mode), and a TCP proxy that adds latency to every request (this kernel has no sch_netem, so
-`tc qdisc ... netem` is not available: the proxy stands in for it).
+mode), two GCS servers (fake-gcs-server, gcp-storage-emulator), and a TCP proxy that adds
+latency to every request (this kernel has no sch_netem, so `tc qdisc ... netem` is not
+available: the proxy stands in for it).
 """
 
 from __future__ import annotations
@@ -358,33 +359,96 @@ class GCS:
         return self
 
     def upload(self, directory: Path, bucket: str, prefix: str) -> str:
-        """Copy a directory tree into the bucket (JSON API uploads); returns its gs:// URL."""
-        import json
-        import urllib.error
-        import urllib.request
-        from urllib.parse import quote
-
-        def post(url: str, data: bytes, kind: str) -> None:
-            request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": kind})
-            with urllib.request.urlopen(request, timeout=30) as r:
-                r.read()
-
-        try:
-            post(f"{self.url}/storage/v1/b", json.dumps({"name": bucket}).encode(), "application/json")
-        except urllib.error.HTTPError as e:
-            if e.code != 409:  # (409: the bucket is there already)
-                raise
-        for path in sorted(Path(directory).rglob("*")):
-            if path.is_file():
-                name = f"{prefix}/{path.relative_to(directory).as_posix()}"
-                post(f"{self.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}",
-                     path.read_bytes(), "application/octet-stream")
-        return f"gs://{bucket}/{prefix}"
+        return gcs_upload(self.url, directory, bucket, prefix)
 
     def stop(self) -> None:
         if self.proc:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+@dataclass
+class GcsRequest:
+    path: str
+    range: str
+    status: int
+    arrived: float  # time.monotonic()
+    answered: float
+
+
+class GcsEmulator:
+    """gcp-storage-emulator (PyPI) on loopback, in memory, served from a thread of this
+    process, with every GET kept in `requests` (in the order they were answered). Unlike
+    fake-gcs-server it answers a suffix range (`bytes=-N`) with a 200 and the whole object,
+    and its media answers carry no generation and no ETag. The Authorization header of every
+    request (None when absent) is kept in `authorizations`. Mount with `-o endpoint=URL`."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.requests: list[GcsRequest] = []
+        self.authorizations: list[str | None] = []
+        self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "GcsEmulator":
+        import functools
+
+        from gcp_storage_emulator.server import RequestHandler
+        from gcp_storage_emulator.storage import Storage
+
+        emulator = self
+
+        class Recording(RequestHandler):
+            status = 0
+
+            def send_response(self, code, message=None):
+                self.status = code
+                super().send_response(code, message)
+
+            def do_GET(self):
+                emulator.authorizations.append(self.headers.get("Authorization"))
+                arrived = time.monotonic()
+                super().do_GET()
+                emulator.requests.append(GcsRequest(self.path, self.headers.get("Range", ""), self.status, arrived,
+                                                    time.monotonic()))
+
+        self._server = serve_in_thread(self.port, functools.partial(Recording, Storage(use_memory_fs=True)))
+        return self
+
+    def upload(self, directory: Path, bucket: str, prefix: str) -> str:
+        return gcs_upload(self.url, directory, bucket, prefix)
+
+    def stop(self) -> None:
+        stop_server(self._server)
+
+
+def gcs_upload(url: str, directory: Path, bucket: str, prefix: str) -> str:
+    """Copy a directory tree into a bucket of the GCS server at `url` (JSON API uploads);
+    returns its gs:// URL."""
+    import json
+    import urllib.error
+    import urllib.request
+    from urllib.parse import quote
+
+    def post(target: str, data: bytes, kind: str) -> None:
+        request = urllib.request.Request(target, data=data, method="POST", headers={"Content-Type": kind})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            r.read()
+
+    try:
+        post(f"{url}/storage/v1/b", json.dumps({"name": bucket}).encode(), "application/json")
+    except urllib.error.HTTPError as e:
+        if e.code != 409:  # (409: the bucket is there already)
+            raise
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file():
+            name = f"{prefix}/{path.relative_to(directory).as_posix()}"
+            post(f"{url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}",
+                 path.read_bytes(), "application/octet-stream")
+    return f"gs://{bucket}/{prefix}"
 
 
 class ZvfsServe:

@@ -1,4 +1,5 @@
-"""The consistency model over HTTP (nginx) and S3 (moto's server), through real mounts.
+"""The consistency model over HTTP (nginx), S3 (moto's server) and GCS (fake-gcs-server),
+through real mounts.
 
 Same fixtures as tests/test_consistency.py (zarr-python writes the old and the new data); the
 shard object is replaced on the server while its index is cached by the mount. Every chunk
@@ -16,18 +17,19 @@ import pytest
 import zarr
 
 from conftest import run_zvfs, zvfs_mount
-from servers import S3, Nginx
+from servers import GCS, S3, Nginx
 from test_consistency import SHAPE, _check_before_or_after, _chunk_bytes, _read_each, _stores
 
 pytestmark = pytest.mark.mount
 
 
-@pytest.mark.parametrize("where", ["http", "s3"])
+@pytest.mark.parametrize("where", ["http", "s3", "gcs"])
 def test_a_replaced_or_deleted_remote_shard_is_never_read_through_the_old_index(tmp_path, where):
     src, upd, old, new = _stores(tmp_path)
     before, after = _chunk_bytes(old), _chunk_bytes(new)
     new_bytes = (upd / "c/0/0").read_bytes()
-    server = Nginx(tmp_path, tmp_path / "nginx").start() if where == "http" else S3().start()
+    server = {"http": lambda: Nginx(tmp_path, tmp_path / "nginx"), "s3": S3,
+              "gcs": lambda: GCS(tmp_path / "gcs")}[where]().start()
     try:
         if where == "http":
             url, options = f"{server.url}/store.zarr", []
@@ -42,6 +44,20 @@ def test_a_replaced_or_deleted_remote_shard_is_never_read_through_the_old_index(
                 st = shard.stat()
                 os.utime(tmp, (st.st_mtime + 10, st.st_mtime + 10))  # nginx's ETag: mtime (s) and size
                 os.replace(tmp, shard)
+        elif where == "gcs":  # (fake-gcs-server: versions are generations, sent back as ifGenerationMatch)
+            import urllib.request
+
+            url, options = server.upload(src, "consistency", "store"), [f"endpoint={server.url}", "anon"]
+
+            def replace(data: bytes | None) -> None:
+                if data is None:
+                    request = urllib.request.Request(f"{server.url}/storage/v1/b/consistency/o/store%2Fc%2F0%2F0",
+                                                     method="DELETE")
+                else:
+                    request = urllib.request.Request(
+                        f"{server.url}/upload/storage/v1/b/consistency/o?uploadType=media&name=store%2Fc%2F0%2F0",
+                        data=data, method="POST", headers={"Content-Type": "application/octet-stream"})
+                urllib.request.urlopen(request, timeout=30).read()
         else:
             import boto3
 

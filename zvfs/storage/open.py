@@ -30,7 +30,18 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     from .remote import FsspecStore
 
     try:
-        fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
+        if source.split("://", 1)[0] in ("gs", "gcs"):
+            # gcsfs's JSON-API class itself: `gcsfs.GCSFileSystem` (what fsspec's registry
+            # gives) is an experimental layer unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT was false
+            # when gcsfs was first imported, and its bucket-layout probe goes to Google over gRPC
+            # whatever the endpoint: measured, a listing of a loopback emulator through the
+            # fsspec front, in a process that had imported gcsfs first, timed out after 20 s
+            # (a `zvfs ls`: 41 s). zvfs reads GCS through the JSON API (`FsspecStore._gcs_get`).
+            from gcsfs.core import GCSFileSystem
+
+            fs, root = GCSFileSystem(**(storage_options or {})), GCSFileSystem._strip_protocol(source)
+        else:
+            fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
     except (ImportError, ValueError) as e:
         raise MetadataError(redact(source), f"cannot open: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
