@@ -329,18 +329,25 @@ def test_parsed_size_is_never_under_what_json_takes():
 # --------------------------------------------------------------------------- huge shard indexes
 
 
-def test_a_stat_in_a_shard_of_2_26_chunks_stays_in_the_budget_and_stalls_no_other_read(tmp_path):
-    """Metadata saying 2**26 inner chunks per shard (8192 x 8192 chunks of one byte) and a
-    sparse 1 GiB shard: one `stat` of one of its chunk files must keep the daemon under 256
-    MiB, and a read of another array during that stat must finish within a second."""
+def _with_a_small_array(root) -> np.ndarray:
+    """A zarr-python group at `root` with a small sharded array `small` (its data returned),
+    the normal array read while a huge one is listed or looked up."""
     import zarr
 
-    root = tmp_path / "huge.zarr"
     group = zarr.open_group(root, mode="w", zarr_format=3)
     small = group.create_array("small", shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="uint8", fill_value=0,
                                compressors=None)
     data = np.arange(64 * 64, dtype="uint8").reshape(64, 64)
     small[...] = data
+    return data
+
+
+def test_a_stat_in_a_shard_of_2_26_chunks_stays_in_the_budget_and_stalls_no_other_read(tmp_path):
+    """Metadata saying 2**26 inner chunks per shard (8192 x 8192 chunks of one byte) and a
+    sparse 1 GiB shard: one `stat` of one of its chunk files must keep the daemon under 256
+    MiB, and a read of another array during that stat must finish within a second."""
+    root = tmp_path / "huge.zarr"
+    data = _with_a_small_array(root)
     (root / "huge").mkdir()
     (root / "huge" / "zarr.json").write_text(json.dumps({
         "zarr_format": 3, "node_type": "array", "shape": [8192, 8192], "data_type": "uint8", "fill_value": 0,
@@ -420,14 +427,8 @@ def test_listing_a_shard_of_2_24_chunks_stays_in_the_budget(tmp_path, variant):
     Now `ls` of `c/` and of `c/0`, stats, reads and a walk keep it under 128 MiB, give the
     right names and bytes, and a read of a normal array during the listing reads right
     within a second."""
-    import zarr
-
     root = tmp_path / "store.zarr"
-    group = zarr.open_group(root, mode="w", zarr_format=3)
-    small = group.create_array("small", shape=(64, 64), chunks=(16, 16), shards=(32, 32), dtype="uint8", fill_value=0,
-                               compressors=None)
-    data = np.arange(64 * 64, dtype="uint8").reshape(64, 64)
-    small[...] = data
+    data = _with_a_small_array(root)
     side, other = _huge_shard_array(root, 24, variant)
     with zvfs_mount(root, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=(BUDGET,)) as mnt:
         chunks = mnt / "huge" / "c"
