@@ -146,12 +146,18 @@ def test_validators(served):
     assert _get(server, "/img/c/0/0", {"If-None-Match": tag})[0] == 304
     assert _get(server, "/img/c/0/0", {"If-None-Match": f'"x", W/{tag}'})[0] == 304
     assert _get(server, "/img/c/0/0", {"If-None-Match": '"other"'})[0] == 200
-    assert _get(server, "/img/c/0/0", {"If-Modified-Since": modified})[0] == 304
-    assert _get(server, "/img/c/0/0", {"If-Modified-Since": "Thu, 01 Jan 1970 00:00:00 GMT"})[0] == 200
+    # dates are never trusted (whole seconds: test_dates_never_stand_for_a_version)
+    assert _get(server, "/img/c/0/0", {"If-Modified-Since": modified})[0] == 200
+    assert _get(server, "/img/c/0/0", {"If-Modified-Since": "Sat, 01 Jan 99999999999 00:00:00 GMT"})[0] == 200
     status, _, body = _get(server, "/img/c/0/0", {"Range": "bytes=0-9", "If-Range": tag})
     assert status == 206 and body == _chunk(data, 0, 0)[:10]
     status, _, body = _get(server, "/img/c/0/0", {"Range": "bytes=0-9", "If-Range": '"stale"'})
     assert status == 200 and body == _chunk(data, 0, 0)
+    status, _, body = _get(server, "/img/c/0/0", {"Range": "bytes=0-9", "If-Range": modified})
+    assert status == 200 and body == _chunk(data, 0, 0)
+    assert _get(server, "/img/c/0/0", {"If-Match": tag})[0] == 200
+    assert _get(server, "/img/c/0/0", {"If-Match": "*"})[0] == 200
+    assert _get(server, "/img/c/0/0", {"If-Match": '"stale"', "Range": "bytes=0-9"})[0] == 412
     # chunks of one shard have one version but different places: different tags
     assert _get(server, "/img/c/0/1")[1]["etag"] != tag
 
@@ -328,6 +334,32 @@ def test_a_rewritten_shard_changes_tags_never_mixes(public_tmp):
         status, h2, body2 = _get(server, "/img/c/0/0", {"If-None-Match": h["etag"]})
         assert status == 200 and body2 == _chunk(data2, 0, 0) and h2["etag"] != h["etag"]
         assert _get(server, "/img/c/0/2")[1]["etag"] == other_tag  # another shard: unchanged
+
+
+def test_dates_never_stand_for_a_version(public_tmp):
+    """A shard rewritten within the second of a version a client has (in place, and by
+    rename; random rounds): the client's Last-Modified in If-Modified-Since never gets 304,
+    and in If-Range never gets a 206 of the new bytes (the attack: 6 of 6 and 3 of 3)."""
+    root = public_tmp / "store.zarr"
+    versions = [_write(root, seed=1), _write(public_tmp / "v2.zarr", seed=2)]
+    shards = [public_tmp / "v1", public_tmp / "v2.zarr" / "img" / "c" / "0" / "0"]
+    shutil.copy(root / "img" / "c" / "0" / "0", shards[0])
+    rnd = random.Random(7)
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        for _ in range(12):
+            _, h, body = _get(server, "/img/c/0/0")
+            had = next(k for k in (0, 1) if body == _chunk(versions[k], 0, 0))
+            other = 1 - had
+            target = root / "img" / "c" / "0" / "0"
+            if rnd.random() < 0.5:
+                shutil.copy(shards[other], target.with_suffix(".tmp"))
+                os.replace(target.with_suffix(".tmp"), target)
+            else:
+                target.write_bytes(shards[other].read_bytes())
+            status, _, got = _get(server, "/img/c/0/0", {"If-Modified-Since": h["last-modified"]})
+            assert status == 200 and got == _chunk(versions[other], 0, 0)
+            status, _, got = _get(server, "/img/c/0/0", {"Range": "bytes=8-15", "If-Range": h["last-modified"]})
+            assert status == 200 and got == _chunk(versions[other], 0, 0)
 
 
 def test_concurrent_readers_with_a_writer_never_mix(public_tmp):

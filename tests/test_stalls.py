@@ -13,8 +13,10 @@ filesystem whose one file never opens) mounted over one shard.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -108,12 +110,10 @@ def timed_cat(path: Path, timeout: float) -> tuple[int, bytes, float]:
     return cat.returncode, out, time.monotonic() - t
 
 
-def test_a_shard_on_a_hung_filesystem_costs_its_own_files_only(store, tmp_path):
-    """One shard file of a local store sits on a filesystem whose open never returns. While a
-    reader waits for a file of that shard, the files of the other shards of the same directory
-    read right (the first within STALL_PATIENCE + 2 s, as the lookup ahead of it gives up),
-    and the hung shard's files are EIO, the waiting reader's too."""
-    root, data = (tmp_path / "store.zarr"), store[1]
+@contextlib.contextmanager
+def hung_shard(store, tmp_path: Path):
+    """A copy of the store whose shard a/c/0/0 sits on a filesystem whose open never returns."""
+    root = tmp_path / "store.zarr"
     shutil.copytree(store[0], root)
     shard = root / "a/c/0/0"
     hung = subprocess.Popen([sys.executable, str(Path(__file__).with_name("hung_file.py")), str(shard),
@@ -123,6 +123,20 @@ def test_a_shard_on_a_hung_filesystem_costs_its_own_files_only(store, tmp_path):
         while not os.path.ismount(shard):
             assert hung.poll() is None and time.monotonic() < give_up, "the hung filesystem did not mount"
             time.sleep(0.1)
+        yield root
+    finally:
+        hung.kill()
+        hung.wait()
+        subprocess.run(["fusermount3", "-uz", str(shard)], capture_output=True)
+
+
+def test_a_shard_on_a_hung_filesystem_costs_its_own_files_only(store, tmp_path):
+    """One shard file of a local store sits on a filesystem whose open never returns. While a
+    reader waits for a file of that shard, the files of the other shards of the same directory
+    read right (the first within STALL_PATIENCE + 2 s, as the lookup ahead of it gives up),
+    and the hung shard's files are EIO, the waiting reader's too."""
+    data = store[1]
+    with hung_shard(store, tmp_path) as root:
         with zvfs_mount(root, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
             waiting = subprocess.Popen(["cat", str(mnt / "a/c/0/1")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
@@ -135,7 +149,56 @@ def test_a_shard_on_a_hung_filesystem_costs_its_own_files_only(store, tmp_path):
             assert status != 0 and seconds < STALL_PATIENCE + 2
             assert waiting.wait(STALL_PATIENCE + 2) != 0
             assert "a/c/0/0: no answer within" in (tmp_path / "zvfs.log").read_text()
-    finally:
-        hung.kill()
-        hung.wait()
-        subprocess.run(["fusermount3", "-uz", str(shard)], capture_output=True)
+
+
+def test_a_hung_shard_costs_the_other_fronts_its_own_files_only(store, tmp_path):
+    """The same for `zvfs serve` and the fsspec front (both hung for good before: only the
+    FUSE daemon bounded its waits): a file of the hung shard is a 5xx / OSError within
+    STALL_PATIENCE + 2 s, files of the other shards read right. (The processes are killed,
+    and waited for only once the hung filesystem is gone: a thread of theirs waits on it.)"""
+    import http.client
+
+    from servers import ZvfsServe
+
+    data = store[1]
+    script = ("import sys, time, fsspec\n"
+              "fs = fsspec.filesystem('zvfs', fo=sys.argv[1])\n"
+              "for path in ('a/c/0/1', 'a/c/0/5'):\n"
+              "    t = time.monotonic()\n"
+              "    try:\n"
+              "        out = fs.cat_file(path).hex()\n"
+              "    except OSError as e:\n"
+              "        out = 'error'\n"
+              "    print(path, out, round(time.monotonic() - t, 2), flush=True)\n")
+    started: list[subprocess.Popen] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: [p.wait() for p in started])
+        root = stack.enter_context(hung_shard(store, tmp_path))
+        server = ZvfsServe(root, "-o", "umask=022", "--no-access-log", log=tmp_path / "serve.log").start()
+        started.append(server.proc)
+        stack.callback(server.proc.kill)
+        host, port = server.url.removeprefix("http://").split(":")
+        for path, want in (("a/c/0/1", None), ("a/c/0/5", chunk(data, 5)), ("a/c/0/2", None)):
+            t = time.monotonic()
+            conn = http.client.HTTPConnection(host, int(port), timeout=STALL_PATIENCE + 10)
+            conn.request("GET", f"/{path}")
+            r = conn.getresponse()
+            body, seconds = r.read(), time.monotonic() - t
+            conn.close()
+            assert (r.status, body) == (200, want) if want else r.status >= 500, (path, r.status)
+            assert seconds < STALL_PATIENCE + 2, (path, seconds)
+        reader = subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True)
+        started.append(reader)
+        stack.callback(reader.kill)
+        lines = []
+        give_up = time.monotonic() + 2 * STALL_PATIENCE + 20
+        poller = select.poll()
+        poller.register(reader.stdout, select.POLLIN)
+        while len(lines) < 2 and poller.poll(max(0.0, give_up - time.monotonic()) * 1000):
+            line = reader.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            lines.append(line.split())
+        got = {words[0]: words[1:] for words in lines}
+        assert "a/c/0/1" in got and got["a/c/0/1"][0] == "error" and float(got["a/c/0/1"][1]) < STALL_PATIENCE + 2, lines
+        assert "a/c/0/5" in got and bytes.fromhex(got["a/c/0/5"][0]) == chunk(data, 5), lines

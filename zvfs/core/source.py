@@ -53,6 +53,25 @@ class OpenSource:
         """A local store: chunk bytes can be at hand without waiting (pushed ahead of opens)."""
         return isinstance(self.store, LocalStore)
 
+    def bound_waits(self) -> None:
+        """No request of any front waits for the store longer than the store's patience
+        (storage/cache.py): a lookup, a GET or an fsspec read of a file of a shard on a hung
+        filesystem is EIO after it, never a hang (`zvfs serve` and the fsspec front hung for
+        good: only the FUSE daemon set it).
+
+        For the FUSE front it matters most: the kernel serves the lookups (and listings) of one
+        directory one at a time: libfuse before 3.17 never passes FUSE_PARALLEL_DIROPS on to
+        the kernel (libfuse commit c9905341, "Pass FUSE_PARALLEL_DIROPS to kernel"; Debian 12
+        has 3.14), and since, only when the filesystem asks for it (libfuse #880), which pyfuse3
+        does not. A lookup needs its shard's index, so a lookup that waits for a stalled store
+        holds every other lookup of its directory behind it, and one on a hung local mount held
+        them for good (their readers in D state, even after SIGKILL). Hence the caches' bounded
+        waits, and the remote stores' remembered failures and stalls. (Set once the source is
+        open: opening reads what decides the tree, which has no other files to serve meanwhile.)"""
+        for cache in self.caches().values():
+            cache.patience = self.store.patience
+            cache.name = self.store.display
+
     def caches(self) -> dict[str, CoalescingCache]:
         named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings}
         return {name: cache for name, cache in named.items() if cache is not None}
@@ -106,8 +125,10 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
         loaded = await kind.load(opened)
         await dress(opened, loaded)
         shown = show(kind, view, opened, loaded, source)
-        return OpenSource(store, kind.name, view, shown.tree, opened.cache, loaded.meta, loaded.arrays, shown.absent or None,
-                          opened.decoded, opened.listings, opts)
+        out = OpenSource(store, kind.name, view, shown.tree, opened.cache, loaded.meta, loaded.arrays, shown.absent or None,
+                         opened.decoded, opened.listings, opts)
+        out.bound_waits()
+        return out
     except BaseException:
         await store.aclose()
         raise

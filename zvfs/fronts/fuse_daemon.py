@@ -106,7 +106,6 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
-            bound_waits(opened)
             ops = ZvfsOperations(opened.tree, Shown(opened.root, opts.uid, opts.gid, opts.umask), opened.stats,
                                  opened.refresh, push_ahead=opts.readahead if opened.local else 0,
                                  kernel_kept=kernel_table(opts))
@@ -141,21 +140,6 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
         raise failure
     if state["signal"] is not None and not state["serving"]:
         raise _Interrupted(state["signal"])
-
-
-def bound_waits(opened) -> None:
-    """No kernel request waits for the store longer than the store's patience (storage/cache.py).
-
-    The kernel serves the lookups (and listings) of one directory one at a time: libfuse before
-    3.17 never passes FUSE_PARALLEL_DIROPS on to the kernel, whatever the filesystem wants
-    (libfuse commit c9905341, "Pass FUSE_PARALLEL_DIROPS to kernel"; Debian 12 has 3.14), and
-    since, only when the filesystem asks for it (libfuse #880), which pyfuse3 does not. A lookup needs its shard's index, so a lookup that waits for a
-    stalled store holds every other lookup of its directory behind it, and one on a hung local
-    mount held them for good (their readers in D state, even after SIGKILL). Hence the caches'
-    bounded waits, and the remote stores' remembered failures and stalls."""
-    for cache in opened.caches().values():
-        cache.patience = opened.store.patience
-        cache.name = opened.store.display
 
 
 async def _tune_connection(mountpoint: str, max_background: int) -> None:
