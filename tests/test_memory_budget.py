@@ -460,6 +460,31 @@ def test_listing_a_shard_of_2_24_chunks_stays_in_the_budget(tmp_path, variant):
     assert peak < LISTING_CEILING, f"daemon peak RSS {peak >> 20} MiB"
 
 
+def test_listings_served_at_once_stay_in_the_budget(tmp_path):
+    """`zvfs serve` under memory=64M: 16 clients at once list rows of a shard of 2**24 chunks
+    (4096 entries each, from a 256 MiB sparse index): every listing right, the server's peak
+    RSS under 256 MiB (an attack on the code before the listings' budget: 484 MiB for 16 at
+    once, 1.25 GiB for 48; now 63 MiB, 79 without serve's limit of two listings at once)."""
+    import urllib.request
+
+    from servers import ZvfsServe
+
+    root = tmp_path / "store.zarr"
+    _with_a_small_array(root)
+    side, other = _huge_shard_array(root, 24, "sparse")
+    with ZvfsServe(root, "-o", f"{BUDGET},umask=022", "--no-access-log", log=tmp_path / "serve.log") as server:
+        def listing(k: int) -> list[str]:
+            with urllib.request.urlopen(f"{server.url}/huge/c/{k}/?format=json", timeout=240) as r:
+                return [e["name"] for e in json.loads(r.read())["entries"]]
+
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(listing, range(16)))
+        peak = vm_hwm(server.proc.pid)  # type: ignore[union-attr]
+    print(f"\n16 listings of 4096 entries at once: server peak RSS {peak >> 20} MiB")
+    assert all(names == sorted(str(j) for j in range(other)) for names in got)
+    assert peak < 256 << 20, f"server peak RSS {peak >> 20} MiB"
+
+
 def test_many_metadata_files_within_the_limit_each_are_bounded_together(tmp_path):
     """Issue 22 (6): 300 arrays whose zarr.json each hold a 3.5 MB attribute, every one within
     max_metadata, took the daemon to 1,062 MiB at the mount and 2,081 MiB once read. Their sum
