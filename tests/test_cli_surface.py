@@ -4,6 +4,7 @@ zvfs mounts only (from the mount table), doctor, inspect of a store with damaged
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -259,34 +260,36 @@ def test_umount_clears_the_stale_mount_of_a_killed_daemon(tmp_path):
         assert not is_mounted(mnt)
 
 
+@contextlib.contextmanager
 def _autofs(point: Path):
     """An autofs mount point whose daemon is a pipe we hold: any access that would trigger it
-    writes a packet into the pipe (and would block until answered)."""
+    writes a packet into the pipe (and would block until answered). Yields the pipe's read
+    end (non-blocking); unmounted after."""
     r, w = os.pipe()
     holder = subprocess.Popen(["sleep", "120"], start_new_session=True)  # the automount daemon's process group
-    subprocess.run(["mount", "-t", "autofs", "-o", f"fd={w},pgrp={holder.pid},minproto=5,maxproto=5,direct",
-                    "zvfs-test-autofs", str(point)], check=True, pass_fds=(w,))
-    os.close(w)
-    os.set_blocking(r, False)
-    return r, holder
+    try:
+        subprocess.run(["mount", "-t", "autofs", "-o", f"fd={w},pgrp={holder.pid},minproto=5,maxproto=5,direct",
+                        "zvfs-test-autofs", str(point)], check=True, pass_fds=(w,))
+        os.close(w)
+        os.set_blocking(r, False)
+        yield r
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+        holder.kill()
+        holder.wait()
+        os.close(r)
 
 
 def test_mount_point_checks_never_trigger_an_automount(tmp_path):
     point = tmp_path / "auto"
     point.mkdir()
-    r, holder = _autofs(point)
-    try:
+    with _autofs(point) as r:
         for args in (["umount", point], ["stats", point], ["refresh", point]):
             res = run_zvfs(*args, timeout=20)
             assert res.returncode == 1
             assert "not a zvfs mount" in _one_line(res.stderr)
         with pytest.raises(BlockingIOError):
             os.read(r, 4096)  # no automount request was sent
-    finally:
-        subprocess.run(["umount", "-l", str(point)], check=False)
-        holder.kill()
-        holder.wait()
-        os.close(r)
 
 
 # --------------------------------------------------------------------------- doctor

@@ -162,13 +162,7 @@ def test_an_automount_point_is_judged_from_the_mount_table(store, tmp_path):
     what runs zvfs there) and sends no automount request."""
     point = tmp_path / "auto"
     point.mkdir()
-    r, holder = _autofs(point)
-    try:
+    with _autofs(point) as r:
         check_mountpoint(str(point), str(store), MountOptions())
         with pytest.raises(BlockingIOError):
             os.read(r, 4096)  # no automount request was sent
-    finally:
-        subprocess.run(["umount", "-l", str(point)], check=False)
-        holder.kill()
-        holder.wait()
-        os.close(r)
