@@ -4,7 +4,8 @@ worker; no HTTP parsing here.
 
 - GET and HEAD of every file; one `Range` (206 with `Content-Range`; 416 past the end; several
   ranges get the whole file); `ETag` (the version and place of the bytes, core/paths.py),
-  `Last-Modified`, `If-None-Match`, `If-Modified-Since`, `If-Range`; exact `Content-Length`.
+  `Last-Modified`, `If-None-Match` (304), `If-Match` (412), `If-Range` with a strong ETag
+  (dates never stand for a version: `App._not_modified`); exact `Content-Length`.
   An open is a snapshot: a response is all of one version, or is cut short (the connection
   closes before its `Content-Length`), never bytes of two versions.
 - 404 for a file not in the tree (an absent chunk: readers use the fill value), 403 for what
