@@ -22,7 +22,7 @@ from conftest import zvfs_mount
 from misbehaving_http import FaultTCP, MisbehavingHTTP
 from servers import S3, FaultProxy, Nginx
 
-from zvfs.storage.remote import FAILURE_MEMORY
+from zvfs.storage.remote import FAILURE_MEMORY, GRACE
 
 pytestmark = pytest.mark.mount
 
@@ -231,8 +231,18 @@ def test_one_read_ends_within_retry_deadline_plus_request_timeout(served, local,
             assert elapsed <= 2 + 1 + 1.0, elapsed
             assert injected() >= 1
             set_fault(False)
+            # Right once the backend is back: at once, unless this machine is too slow for a
+            # probe of the stall (a call slower than its probe is EIO once, and the stall
+            # lasts at most twice the bound: `FsspecStore._run`). Seen on a loaded CI machine:
+            # S3 through moto on a new connection slower than the 0.5 s probe, EIO once.
             time.sleep(FAILURE_MEMORY)  # (what was left unanswered is answered so, at once, that long)
-            assert (mnt / "a/c/3/4").read_bytes() == (local / "a/c/3/4").read_bytes()
+            want, answers = (local / "a/c/3/4").read_bytes(), []
+            while not answers or answers[-1] == errno.EIO and time.monotonic() < t + 2 * 3 + GRACE + 1:
+                if answers:
+                    time.sleep(FAILURE_MEMORY)
+                answers.append(read_or_errno(mnt / "a/c/3/4"))
+            assert answers[-1] == want, answers[-1] if isinstance(answers[-1], int) else "wrong bytes"
+            print(f"right after {len(answers)} read(s)")
     finally:
         proxy.stop()
 
