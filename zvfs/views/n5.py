@@ -49,7 +49,7 @@ import struct
 import numpy as np
 
 from ..formats.array import ArrayModel, ChunkSource, GroupModel
-from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of
+from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of, undecodable
 from ..formats.zarr3 import child_path
 from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible
@@ -187,7 +187,7 @@ class N5View(HierarchyView):
             raise NotExpressible(f"data type {node.data_type!r} has no N5 equivalent")
         chain = Chain.parse(node.codecs, node.data_type, len(node.shape))
         if chain is None:
-            raise NotExpressible(f"codecs {[name_of(c) for c in node.codecs]} cannot be decoded by zarr")
+            raise NotExpressible(undecodable(node.codecs, node.data_type))
         enc = n5_encoding(node, chain, self.output_codec)
         try:
             fill = enc.fill()
