@@ -60,13 +60,13 @@ def test_chunks_zarr_wrote_decode_to_its_values(data_type):
     rng = np.random.default_rng(7)
     values = (rng.random((13, 9)) * 1000).astype(np.dtype(C.CORE_TYPES[data_type]))
     for chain in VALID:
-        store = zarr.storage.MemoryStore()
+        stored: dict = {}
         meta = {"zarr_format": 3, "node_type": "array", "shape": [13, 9], "data_type": data_type,
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [13, 9]}},
                 "chunk_key_encoding": {"name": "default"}, "fill_value": [0, 0] if data_type.startswith("complex") else 0, "codecs": chain}
-        store._store_dict["zarr.json"] = zarr.core.buffer.cpu.Buffer.from_bytes(json.dumps(meta).encode())
-        zarr.open_array(store, mode="r+")[...] = values
-        raw = store._store_dict["c/0/0"].to_bytes()
+        stored["zarr.json"] = zarr.core.buffer.cpu.Buffer.from_bytes(json.dumps(meta).encode())
+        zarr.open_array(zarr.storage.MemoryStore(stored), mode="r+")[...] = values
+        raw = stored["c/0/0"].to_bytes()
         ours = C.Chain.parse(chain, data_type, 2)
         assert ours._values is not None
         got = ours.decode(raw, data_type, (13, 9))

@@ -9,8 +9,9 @@ numcodecs, crc32c and NumPy, so zvfs runs beside zarr-python 2.18 (which uses th
 numcodecs) or without zarr. Any other chain (numcodecs.* or other registered extension codecs,
 vlen strings, other data types) is parsed and decoded by zarr-python 3's own codec objects,
 imported only then; without zarr-python 3 such an array is not shown, with a one-line reason
-(`undecodable`). Measured on the standard chains against zarr's objects: parsing 120-370 us ->
-under 10 us, a 64x64 uint16 zstd chunk decoded in 70 -> 20 us.
+(`undecodable`). Measured (timeit, this module against zarr-python 3.1.6's codec objects):
+a chain parsed in 4-9 us instead of 110-450 us; a 64x64 uint16 zstd chunk decoded in 43 us
+instead of 82, a 128x128 uint8 blosc+crc32c one in 10 instead of 34 (gzip: zlib's time either way).
 
 What no decoder gives is a bound on what it may allocate: a 48 KiB zstd frame can
 declare (or, without a declared size, inflate to) 1 GiB. So every bytes->bytes stage is held
