@@ -117,3 +117,43 @@ def test_without_zarr_3_other_chains_say_why(monkeypatch):
         C.fill_value_json("string", "", 2)
     frame = numcodecs.Zstd(level=3, checksum=True).encode(np.arange(5, dtype="<i4").tobytes())
     assert C.Chain.parse([LE, ZSTD], "int32", 1).decode(frame, "int32", (5,)).tolist() == list(range(5))  # no zarr needed
+
+
+DUMP = r'''
+import hashlib, json, sys
+if sys.argv[2] == "absent":
+    sys.modules["zarr"] = None  # import zarr: ImportError
+import fsspec
+out = {}
+for view in ("n5", "zarr2", "zarr"):
+    fs = fsspec.filesystem("zvfs", fo=sys.argv[1], view=view, skip_instance_cache=True)
+    out[view] = {p: hashlib.sha256(fs.cat_file(p)).hexdigest() for p in sorted(fs.find(""))}
+print(json.dumps({"views": out, "zarr": "zarr" in sys.modules and sys.modules["zarr"] is not None}))
+'''
+
+
+def test_without_zarr_every_view_of_a_standard_store_is_the_same(tmp_path):
+    """With zarr-python absent, every file of every view of a store of standard chains (little-
+    endian values transcoded to N5's big-endian blocks, a transpose, NaN fill, crc32c) is what it
+    is with zarr-python 3 there."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "s.zarr"
+    g = zarr.open_group(root, mode="w", zarr_format=3)
+    rng = np.random.default_rng(3)
+    g.create_array("u16", shape=(40, 30), chunks=(8, 8), shards=(16, 16), dtype="<u2", fill_value=7,
+                   compressors=zarr.codecs.ZstdCodec(level=1))[:30] = rng.integers(0, 9999, (30, 30))
+    g.create_array("f4", shape=(9, 10, 11), chunks=(4, 4, 4), shards=(8, 8, 8), dtype="float32", fill_value=float("nan"),
+                   filters=[zarr.codecs.TransposeCodec(order=(2, 1, 0))],
+                   compressors=zarr.codecs.GzipCodec(level=1))[:8] = rng.random((8, 10, 11))
+    g.create_array("i16", shape=(50,), chunks=(8,), shards=(16,), dtype="<i2", fill_value=-1,
+                   compressors=[zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec()])[:40] = np.arange(40) - 20
+    runs = {}
+    for zarr_there in ("absent", "present"):
+        r = subprocess.run([sys.executable, "-c", DUMP, str(root), zarr_there], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[zarr_there] = json.loads(r.stdout)
+    assert runs["absent"]["zarr"] is False
+    assert runs["absent"]["views"] == runs["present"]["views"]
+    assert all(len(files) > 25 for files in runs["absent"]["views"].values()), {v: len(f) for v, f in runs["absent"]["views"].items()}
