@@ -12,8 +12,9 @@ driver. Block paths list grid coordinates in the same order as `dimensions`.
 Bytes pass through behind the header where the chunk data already is what N5 wants
 (big-endian or one-byte values, in N5's order, at most one of gzip/zstd/blosc); such blocks
 keep their stored extent at the array end (full for Zarr, cropped for precomputed: N5 allows
-both). Otherwise blocks are transcoded (views/transcode.py): decoded by zarr's codecs
-(formats/codecs.py: any chain zarr decodes, with output limits), cropped at the array end,
+both). Otherwise blocks are transcoded (views/transcode.py): decoded with the array's codecs
+(formats/codecs.py: the standard chains with numcodecs, any other that zarr-python 3 decodes;
+with output limits), cropped at the array end,
 byte-swapped, encoded with `n5_compression` (raw by default, so their sizes are known
 without decoding).
 
