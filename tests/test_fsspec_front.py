@@ -1,7 +1,8 @@
 """The fsspec front (protocol `zvfs`), without FUSE: every file and listing against the
 reference computed from the original stores (zarr_reference, independent of zvfs); real
 readers (zarr-python 3's FsspecStore, xarray.open_zarr, dask.array.from_zarr on a
-dask.distributed LocalCluster of two worker processes) against what zarr-python reads from
+dask.distributed LocalCluster of two worker processes; zarr-python 2.18's FSStore and mapper
+in-process, in the venv `scripts/setup-legacy` makes) against what zarr-python reads from
 the sharded originals; the object pickled, shared by threads, forked; chained URLs over a
 real HTTP server (nginx) and a real S3 server (moto), with the target's options; an open file
 as a snapshot while a writer replaces its shard.
@@ -22,6 +23,7 @@ import zarr
 
 import writers
 from servers import S3, Nginx
+from test_legacy_tools import legacy_venvs, run_in  # noqa: F401 - legacy_venvs is a fixture
 
 
 def _fs(root, **kw):
@@ -138,6 +140,58 @@ def test_views_through_options(stores):
         np.testing.assert_array_equal(got, want, err_msg=path)
         checked += 1
     assert checked >= 5
+
+
+READ_ZARR_218 = r'''
+import json, logging, sys, fsspec, numpy as np, zarr
+assert zarr.__version__.startswith("2.18"), zarr.__version__
+job, out = json.loads(sys.argv[1]), sys.argv[2]
+warnings = []
+logging.getLogger("zvfs").addHandler(type("H", (logging.Handler,), {"emit": lambda s, r: warnings.append(r.getMessage())})())
+for i, (root, paths) in enumerate(job):
+    fs = fsspec.filesystem("zvfs", fo=root, view="zarr2")  # through the entry point
+    mapper = fsspec.get_mapper("zvfs::" + root, zvfs={"view": "zarr2"})
+    group = zarr.open_group(zarr.storage.FSStore("", fs=fs, mode="r"), mode="r")
+    for j, path in enumerate(paths):
+        a = group[path]
+        assert type(a.store).__name__ == "FSStore", type(a.store)
+        np.save(f"{out}/{i}-{j}.npy", a[...])
+        np.save(f"{out}/{i}-{j}-mapper.npy", zarr.open_array(mapper, path=path, mode="r")[...])
+json.dump({"warnings": warnings}, open(f"{out}/found.json", "w"))
+'''
+
+
+def test_zarr_python_2_18_reads_the_zarr2_view_in_process(stores, legacy_venvs, tmp_path):  # noqa: F811
+    """zvfs beside zarr-python 2.18 (no zarr-python 3 there): zarr 2.18's FSStore over the
+    filesystem and its mapper over a chained URL read every array of the Zarr v2 view as
+    zarr-python 3 reads the originals. An array whose codecs only zarr-python 3 decodes
+    (numcodecs.delta) is left out with one line that says so."""
+    job = []
+    for writer in writers.WRITERS:
+        root = stores.root(writer)
+        fs = _fs(root, view="zarr2")
+        job.append((str(root), [p for p, a in stores.expected(writer).arrays.items()
+                                if a.kind == "unshard" and fs.exists(f"{p}/.zarray")]))
+    extra = tmp_path / "delta.zarr"
+    g = zarr.open_group(extra, mode="w", zarr_format=3)
+    g.create_array("plain", shape=(30,), chunks=(8,), shards=(16,), dtype="int32", fill_value=-1)[:20] = np.arange(20)
+    g.create_array("delta", shape=(30,), chunks=(8,), dtype="int32", filters=[zarr.codecs.numcodecs.Delta(dtype="<i4")])[:] = 5
+    job.append((str(extra), ["plain"]))
+    out = tmp_path / "out"
+    out.mkdir()
+    run_in(legacy_venvs / "ome04", READ_ZARR_218, json.dumps(job), out)
+    checked = 0
+    for i, (root, paths) in enumerate(job):
+        for j, path in enumerate(paths):
+            want = zarr.open_array(root, path=path, mode="r")[...]
+            for suffix in ("", "-mapper"):
+                np.testing.assert_array_equal(np.load(out / f"{i}-{j}{suffix}.npy"), want, err_msg=f"{root} {path}")
+            checked += 1
+    assert checked >= 40
+    warnings = [w for w in json.loads((out / "found.json").read_text())["warnings"] if "zarr-python 3" in w]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "zarr2 view: array delta is not shown: codecs ['numcodecs.delta', 'bytes', 'zstd'] of data type 'int32' need "
+        "zarr-python 3 (zarr-python 2.18."), warnings
 
 
 def test_xarray_open_zarr(tmp_path):

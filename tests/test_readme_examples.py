@@ -40,8 +40,8 @@ MOUNT_POINT = re.compile(r"/mnt/\w+")
 PLACEHOLDERS = {"SOURCE", "MOUNTPOINT", "PATH", "SHELL"}
 #: the address `zvfs serve` examples listen on (its default)
 README_SERVER = "127.0.0.1:8080"
-#: libraries only the legacy venv has (an OME-NGFF 0.4 reader, an N5 reader)
-LEGACY = ("ome_zarr", "z5py")
+#: what only the legacy venv has (an OME-NGFF 0.4 reader, an N5 reader, zarr-python 2.18)
+LEGACY = ("ome_zarr", "z5py", "FSStore")
 
 
 def code_lines() -> list[tuple[str, str]]:

@@ -25,7 +25,7 @@ from ..storage.base import Version
 from ..storage.cache import CoalescingCache
 from .array import ArrayModel, GroupModel, Hierarchy
 from .chunkref import ChunkRef
-from .codecs import Chain, decode_step
+from .codecs import Chain, decode_step, undecodable
 from .zarr3 import child_path
 
 VERTICES = "vertices"
@@ -121,7 +121,7 @@ class ObjectReader:
         raw = await self.read_cell(ref)
         chain = Chain.parse(node.codecs, node.data_type, node.ndim)
         if chain is None:
-            raise CorruptShardError(node.path, "codecs not supported for ZVF objects")
+            raise CorruptShardError(node.path, undecodable(node.codecs, node.data_type))
         try:
             values = (await decode_step(chain.decode, raw, node.data_type, node.chunk_shape)).reshape(-1)
         except (ValueError, RuntimeError, TypeError) as e:

@@ -12,8 +12,9 @@ driver. Block paths list grid coordinates in the same order as `dimensions`.
 Bytes pass through behind the header where the chunk data already is what N5 wants
 (big-endian or one-byte values, in N5's order, at most one of gzip/zstd/blosc); such blocks
 keep their stored extent at the array end (full for Zarr, cropped for precomputed: N5 allows
-both). Otherwise blocks are transcoded (views/transcode.py): decoded by zarr's codecs
-(formats/codecs.py: any chain zarr decodes, with output limits), cropped at the array end,
+both). Otherwise blocks are transcoded (views/transcode.py): decoded with the array's codecs
+(formats/codecs.py: the standard chains with numcodecs, any other that zarr-python 3 decodes;
+with output limits), cropped at the array end,
 byte-swapped, encoded with `n5_compression` (raw by default, so their sizes are known
 without decoding).
 
@@ -49,7 +50,7 @@ import struct
 import numpy as np
 
 from ..formats.array import ArrayModel, ChunkSource, GroupModel
-from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of
+from ..formats.codecs import BLOSC_SHUFFLE, Chain, config_of, name_of, undecodable
 from ..formats.zarr3 import child_path
 from .chunks import Layout
 from .hierarchy import HierarchyView, NotExpressible
@@ -187,7 +188,7 @@ class N5View(HierarchyView):
             raise NotExpressible(f"data type {node.data_type!r} has no N5 equivalent")
         chain = Chain.parse(node.codecs, node.data_type, len(node.shape))
         if chain is None:
-            raise NotExpressible(f"codecs {[name_of(c) for c in node.codecs]} cannot be decoded by zarr")
+            raise NotExpressible(undecodable(node.codecs, node.data_type))
         enc = n5_encoding(node, chain, self.output_codec)
         try:
             fill = enc.fill()

@@ -43,6 +43,7 @@ from ..formats.codecs import (
     config_of,
     fill_value_json,
     name_of,
+    undecodable,
 )
 from ..formats.zarr3 import ChunkKeyEncoding
 from .chunks import Layout
@@ -168,7 +169,9 @@ class Zarr2View(HierarchyView):
         if node.warning:
             raise NotExpressible(node.warning)
         chain = Chain.parse(node.codecs, node.data_type, len(node.shape))
-        if chain is None or not chain.plain or any(name_of(c) not in COMPRESSORS for c in chain.compressors):
+        if chain is None:
+            raise NotExpressible(undecodable(node.codecs, node.data_type))
+        if not chain.plain or any(name_of(c) not in COMPRESSORS for c in chain.compressors):
             raise NotExpressible(f"codecs {[name_of(c) for c in node.codecs]} have no Zarr v2 equivalent")
         if len(chain.compressors) > 1:
             raise NotExpressible("more than one bytes->bytes codec (v2 has one compressor)")

@@ -19,7 +19,7 @@ import logging
 from typing import Callable
 
 from ..formats.array import ArrayModel, GroupModel, Hierarchy
-from ..formats.codecs import Chain, fill_value_json, name_of
+from ..formats.codecs import Chain, fill_value_json, undecodable
 from ..formats.zarr3 import (
     META,
     ArrayNode,
@@ -218,7 +218,7 @@ class ModelZarr3View(HierarchyView):
             raise NotExpressible(node.warning)
         chain = Chain.parse(node.codecs, node.data_type, node.ndim)
         if chain is None:
-            raise NotExpressible(f"codecs {[name_of(c) for c in node.codecs]} cannot be decoded by zarr")
+            raise NotExpressible(undecodable(node.codecs, node.data_type))
         return zarr_encoding(self.name, node, chain)
 
     def group_files(self, group: GroupModel) -> dict[str, bytes]:
