@@ -379,15 +379,30 @@ class DiskCachedStore(Store):
                 return await self._fetch(key, start, length)
         first, stop = self._span(version, start, length)
         if stop > first:
-            found = await trio.to_thread.run_sync(self.cache.get, name, version_digest(version), first, stop)
-            if found is not None:
-                self.hits += 1
-                data, touch = found
-                if touch is not None:
-                    trio.lowlevel.spawn_system_task(self._in_background, 0, self.cache.touch, touch)
+            data = await self.cached(key, first, stop, None)
+            if data is not None:
                 return data, version
         self.misses += 1
         return await self._fetch(key, start, length)
+
+    async def cached(self, key: str, start: int, stop: int, expect: Version | None) -> bytes | None:
+        """Bytes [start, stop) of the key if the cache holds them for the version confirmed in
+        this process, which must be `expect` (if given); None otherwise (no request)."""
+        version = self._confirmed.get(key)
+        if version is None or self.cache.broken or (expect is not None and not expect.same(version)):
+            return None
+        first, stop = self._span(version, start, stop - start)
+        if first != start or stop <= first:
+            return None
+        found = await trio.to_thread.run_sync(self.cache.get, _digest(self.identity, key), version_digest(version),
+                                              first, stop)
+        if found is None:
+            return None
+        self.hits += 1
+        data, touch = found
+        if touch is not None:
+            trio.lowlevel.spawn_system_task(self._in_background, 0, self.cache.touch, touch)
+        return data
 
     async def _fetch(self, key: str, start: int, length: int | None) -> tuple[bytes | None, Version | None]:
         self.requests += 1
