@@ -214,3 +214,31 @@ def test_s3_second_mount_makes_no_index_or_data_request(served, tmp_path):
     gets = [(r["url"], r["headers"].get("Range")) for r in rows if r["method"] == "GET" and "/a.zarr/c/" in r["url"]]
     assert gets and all(rng == VALIDATION for _, rng in gets), gets
     assert len(gets) == len({u for u, _ in gets})
+
+
+def test_a_truncated_entry_or_a_damaged_database_is_never_served(served, tmp_path):
+    """Through `zvfs cat` (the same open_source as every front)."""
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    cache = tmp_path / "cache"
+
+    def cat(coords):
+        r = subprocess.run([sys.executable, "-m", "zvfs", "cat", url, "c/" + "/".join(map(str, coords)), "-o",
+                            f"cache_dir={cache},readahead=0"], capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == chunk_of(data, coords)
+        return r.stderr.decode()
+
+    cat(COORDS[0])
+    with sqlite3.connect(cache / "cache.sqlite") as db:  # every entry loses its last byte
+        db.execute("UPDATE entries SET data=substr(data, 1, length(data) - 1)")
+    mark = nginx.mark()
+    assert "failed its checksum" in cat(COORDS[0])
+    assert [r for r in shard_requests(nginx.requests(mark)) if r.range != VALIDATION]  # fetched again
+    (cache / "cache.sqlite").write_bytes(b"garbage" * 1000)
+    assert "unusable" in cat(COORDS[1])
+    for args in (["--clear"], []):
+        r = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache), *args], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and ": 0 entries" in r.stdout, r.stderr
+    cat(COORDS[1])

@@ -455,10 +455,17 @@ def cmd_refresh(args) -> int:
 def cmd_cache(args) -> int:
     import sqlite3
 
-    from .storage.diskcache import DB_NAME, DiskCache
+    from .storage.diskcache import DB_NAME, DiskCache, damaged
 
     if not os.path.exists(os.path.join(args.directory, DB_NAME)):
         raise MetadataError(args.directory, "no disk cache here (made by -o cache_dir=DIR)")
+    if args.clear:
+        try:
+            DiskCache(args.directory).close()
+        except sqlite3.Error as e:
+            if not damaged(e):
+                raise StorageError(f"{args.directory}: {e}") from None
+            DiskCache.remove(args.directory)  # (made anew below)
     try:
         cache = DiskCache(args.directory)
         try:

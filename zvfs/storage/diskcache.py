@@ -81,8 +81,11 @@ TOUCH_EVERY = 10.0
 WAL_LIMIT = 4 << 20
 #: seconds a writer waits for another process's transaction
 BUSY_MS = 5000
-#: bytes of inserts waiting to be written at once; more are not cached (memory budget)
-PENDING_LIMIT = 32 << 20
+#: bytes of inserts waiting to be written at once; more are not cached (they are held in
+#: memory, outside the caches' budget: a 1 MiB insert takes ~7 ms, so a few suffice)
+PENDING_LIMIT = 8 << 20
+#: the largest entry (a quarter of the budget if less): a hit reads its entry whole (crc32c)
+MAX_ENTRY = 16 << 20
 #: confirmed versions remembered (as FsspecStore.VERSIONS_KEPT)
 CONFIRMED_KEPT = 65536
 
@@ -208,7 +211,7 @@ class DiskCache:
     def put(self, name: bytes, version: bytes, start: int, data: bytes, total: int) -> None:
         """Keep `data` as bytes [start, start+len) of that version of the object, evicting the
         least recently used entries first so that the total stays within the budget."""
-        if self.broken or not data or len(data) > self.size // 4:
+        if self.broken or not data or len(data) > min(MAX_ENTRY, self.size // 4):
             return
         try:
             with self._write_lock:
@@ -235,7 +238,7 @@ class DiskCache:
         """Delete the least recently used entries, `need` bytes' worth (at most EVICT_BATCH
         rows); the bytes freed. (In the caller's transaction.)"""
         freed, gone = 0, []
-        for rowid, n in self._writer.execute("SELECT id, length(data) FROM entries ORDER BY used LIMIT ?", (EVICT_BATCH,)):
+        for rowid, n in self._writer.execute("SELECT id, stop - start FROM entries ORDER BY used LIMIT ?", (EVICT_BATCH,)):
             gone.append((rowid,))
             freed += n
             if freed >= need:
@@ -248,7 +251,7 @@ class DiskCache:
             db = self._writer
             db.execute("BEGIN IMMEDIATE")
             try:
-                n = db.execute("SELECT length(data) FROM entries WHERE id=?", (rowid,)).fetchone()
+                n = db.execute("SELECT stop - start FROM entries WHERE id=?", (rowid,)).fetchone()
                 if n is not None:
                     db.execute("DELETE FROM entries WHERE id=?", (rowid,))
                     db.execute("UPDATE totals SET bytes=bytes-?", (n[0],))
@@ -273,6 +276,13 @@ class DiskCache:
         return {"directory": self.directory, "entries": entries, "bytes": self.held(), "size": self.size,
                 "on_disk": disk_usage(self.directory)}
 
+    @staticmethod
+    def remove(directory: str) -> None:
+        """Delete the database files (`zvfs cache DIR --clear` of a database SQLite cannot read)."""
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, DB_NAME + suffix))
+
     def clear(self) -> None:
         with self._write_lock:
             self._writer.execute("BEGIN IMMEDIATE")
@@ -281,6 +291,11 @@ class DiskCache:
             self._writer.execute("COMMIT")
             self._writer.execute("VACUUM")
             self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def damaged(e: BaseException) -> bool:
+    """An error that says the database file is damaged (not that it is busy or unreachable)."""
+    return isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError)
 
 
 def disk_usage(directory: str) -> int:
@@ -304,6 +319,9 @@ class DiskCachedStore(Store):
         self.display = inner.display
         self._confirmed: OrderedDict[str, Version] = OrderedDict()
         self._validating: dict[str, trio.Event] = {}
+        #: key -> (version, start, stop) of the last range `cached` missed: the window the read-ahead
+        #: layer then fetches holds it, so it is not looked up again (a miss cost two lookups)
+        self._missed: dict[str, tuple[Version, int, int]] = {}
         self._pending = 0  # bytes of inserts not written yet
         self._writes: set[trio.Event] = set()
         self.requests = self.bytes = self.hits = self.misses = 0
@@ -378,7 +396,8 @@ class DiskCachedStore(Store):
             if version is None:
                 return await self._fetch(key, start, length)
         first, stop = self._span(version, start, length)
-        if stop > first:
+        missed = self._missed.pop(key, None)  # (just missed: a window around it cannot be cached either)
+        if stop > first and not (missed is not None and missed[0] is version and first <= missed[1] and missed[2] <= stop):
             data = await self.cached(key, first, stop, None)
             if data is not None:
                 return data, version
@@ -397,6 +416,9 @@ class DiskCachedStore(Store):
         found = await trio.to_thread.run_sync(self.cache.get, _digest(self.identity, key), version_digest(version),
                                               first, stop)
         if found is None:
+            if len(self._missed) > CONFIRMED_KEPT:
+                self._missed.clear()
+            self._missed[key] = (version, first, stop)
             return None
         self.hits += 1
         data, touch = found

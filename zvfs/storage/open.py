@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ..errors import MetadataError
@@ -51,12 +52,16 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     if cache_dir:
         import sqlite3
 
-        from .diskcache import DEFAULT_SIZE, DiskCache, DiskCachedStore
+        from .diskcache import DEFAULT_SIZE, DiskCache, DiskCachedStore, damaged
 
         try:
             cache = DiskCache(cache_dir, cache_size or DEFAULT_SIZE)
         except (OSError, sqlite3.Error) as e:
-            raise MetadataError(f"cache_dir={cache_dir}", f"cannot use it: {e}") from None
-        endpoint = (storage_options or {}).get("endpoint_url") or ""
-        store = DiskCachedStore(store, cache, identity=f"{store.display} {endpoint}")
+            if not damaged(e):  # (a directory that cannot be made or written: the user's to fix)
+                raise MetadataError(f"cache_dir={cache_dir}", f"cannot use it: {e}") from None
+            logging.getLogger("zvfs.storage").warning("disk cache %s unusable (%s): reading without it; 'zvfs cache %s "
+                                                      "--clear' starts it anew", cache_dir, e, cache_dir)
+        else:
+            endpoint = (storage_options or {}).get("endpoint_url") or ""
+            store = DiskCachedStore(store, cache, identity=f"{store.display} {endpoint}")
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store
