@@ -22,10 +22,12 @@ Correctness first (docs/reliability.md, the contract):
   as without the cache (by the first request that meets it).
 * Every entry carries the crc32c of its bytes, checked at every read: a bad or truncated entry
   (a flipped bit on disk) is dropped and the range fetched again, never served.
-* The size budget holds on disk: the bytes of the entries are counted in the database itself
-  (one row, updated in the transaction that inserts or deletes), and an insert first evicts
-  the least recently used entries until the new one fits, at most `EVICT_BATCH` rows per
-  insert. Last use is written at most once per `TOUCH_EVERY` seconds per entry (a hit is a
+* The size budget holds on disk: an insert first evicts the least recently used entries
+  until the database's pages in use (its pages less its free ones: SQLite reuses freed pages,
+  so the file never outgrows them) leave room for the new one within the budget less the
+  WAL's share, at most `EVICT_BATCH` rows per insert. (Counting the entries' bytes instead
+  let the files grow to 1.6x the budget with 4 KiB entries: each takes an overflow page and
+  part of a leaf page.) The bytes of the entries are counted in the database (`zvfs cache`). Last use is written at most once per `TOUCH_EVERY` seconds per entry (a hit is a
   read, not a write, most of the time). The write-ahead log is checkpointed every
   `WAL_LIMIT` bytes (a sixteenth of the budget if less) and cut back to that after, so the files in DIR stay within
   `cache_size` plus a few MiB.
@@ -41,8 +43,12 @@ crash-safety and inter-process eviction. Blobs are kept in the database: measure
 machine (/tmp on a virtual disk, WAL, synchronous=NORMAL), a 64 KiB entry takes 0.34 ms to write
 and 0.028 ms to read in the database against 0.27 ms and 0.021 ms as files, a 1 MiB entry
 6.9 ms and 0.58 ms against 1.0 ms and 0.36 ms: all far below one request to a remote store
-(10-100 ms), and inserts are made off the read path (`_put`, a background task), so the one
-file and its atomic transactions cost nothing a reader waits for.
+(10-100 ms), and inserts are made off the read path (`_in_background`, a system task), so the
+one file and its atomic transactions cost nothing a reader waits for. Whether an entry holds a
+range is asked of the index alone on the event loop's thread (tens of µs; a hop to a worker
+thread took 0.2-0.5 ms on this loaded 2-core machine, and made a cold mount with the cache 20%
+slower than one without: 1,000 random 16 KiB chunks by one reader over 10 ms requests), and
+only a hit reads its entry, in a worker thread.
 
 Failures of the cache never fail a read: a busy database skips the insert, and a database
 that SQLite finds damaged turns the cache off for the process with one warning (`zvfs cache
@@ -84,8 +90,10 @@ BUSY_MS = 5000
 #: bytes of inserts waiting to be written at once; more are not cached (they are held in
 #: memory, outside the caches' budget: a 1 MiB insert takes ~7 ms, so a few suffice)
 PENDING_LIMIT = 8 << 20
-#: the largest entry (a quarter of the budget if less): a hit reads its entry whole (crc32c)
+#: the largest entry (an eighth of the budget if less): a hit reads its entry whole (crc32c)
 MAX_ENTRY = 16 << 20
+#: SQLite's page size (its default) and the WAL index's file ("-shm")
+PAGE, SHM = 4096, 32 << 10
 #: confirmed versions remembered (as FsspecStore.VERSIONS_KEPT)
 CONFIRMED_KEPT = 65536
 
@@ -108,6 +116,14 @@ INSERT OR IGNORE INTO totals VALUES (0, 0);
 """
 
 
+def _first(db: sqlite3.Connection, sql: str, args: tuple = ()) -> tuple | None:
+    """The first row of a query (or None), its statement run to the end: a statement left
+    unfinished keeps its read snapshot, and then the WAL is never reset (measured: 800 KiB of
+    files for a 256 KiB budget)."""
+    rows = db.execute(sql, args).fetchall()
+    return rows[0] if rows else None
+
+
 def _digest(*parts: str) -> bytes:
     return hashlib.blake2b("\0".join(parts).encode(), digest_size=16).digest()
 
@@ -122,20 +138,29 @@ class DiskCache:
     def __init__(self, directory: str, size: int = DEFAULT_SIZE):
         self.directory = directory
         self.size = size
+        #: the WAL's size limit, the database's share of the budget (the WAL may hold twice
+        #: its limit while a checkpoint waits, and its index takes SHM bytes), the largest entry
+        self._wal = max(64 << 10, min(WAL_LIMIT, size // 16))
+        self._room = size - 2 * self._wal - SHM
+        self._largest = min(MAX_ENTRY, size // 8)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.path = os.path.join(directory, DB_NAME)
         if not os.path.exists(self.path):  # created private: it holds the store's bytes
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._reader, self._writer = self._connect(), self._connect()
         self._read_lock, self._write_lock = threading.Lock(), threading.Lock()
+        #: index-only queries made on the event loop's thread itself (`holds`, `covers`): tens
+        #: of µs, where a hop to a worker thread took 0.2-0.5 ms; they never wait for a lock
+        self._prober = self._connect(busy_ms=0)
         self.broken: str | None = None
         with self._write_lock:
             self._writer.executescript(SCHEMA)
 
-    def _connect(self) -> sqlite3.Connection:
-        wal = max(64 << 10, min(WAL_LIMIT, self.size // 16))
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_MS / 1000)
-        db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+    def _connect(self, busy_ms: int = BUSY_MS) -> sqlite3.Connection:
+        wal = self._wal
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000)
+        db.execute(f"PRAGMA busy_timeout={busy_ms}")
+        db.execute(f"PRAGMA page_size={PAGE}")  # (a new database's; before WAL mode, which fixes it)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # (WAL: consistent after a crash; the last commits may be lost)
         db.execute(f"PRAGMA wal_autocheckpoint={wal // 4096}")  # (pages of 4 KiB)
@@ -144,6 +169,7 @@ class DiskCache:
 
     def close(self) -> None:
         with self._read_lock, self._write_lock:
+            self._prober.close()
             self._reader.close()
             self._writer.close()
 
@@ -165,13 +191,23 @@ class DiskCache:
         if self.broken:
             return False
         try:
-            with self._read_lock:
-                if stop is None:
-                    row = self._reader.execute("SELECT 1 FROM entries WHERE name=? LIMIT 1", (name,)).fetchone()
-                else:
-                    row = self._reader.execute("SELECT 1 FROM entries WHERE name=? AND start<=? AND (stop>=? OR stop=total) "
-                                               "LIMIT 1", (name, start, stop)).fetchone()
+            if stop is None:
+                row = _first(self._prober, "SELECT 1 FROM entries WHERE name=? LIMIT 1", (name,))
+            else:
+                row = _first(self._prober, "SELECT 1 FROM entries WHERE name=? AND start<=? AND (stop>=? OR stop=total) "
+                                            "LIMIT 1", (name, start, stop))
             return row is not None
+        except sqlite3.Error as e:
+            self._failed(e)
+            return False
+
+    def holds(self, name: bytes, version: bytes, start: int, stop: int) -> bool:
+        """Whether an entry of that version holds [start, stop) (the index alone: no blob read)."""
+        if self.broken:
+            return False
+        try:
+            return _first(self._prober, "SELECT 1 FROM entries WHERE name=? AND version=? AND start<=? AND stop>=? LIMIT 1",
+                          (name, version, start, stop)) is not None
         except sqlite3.Error as e:
             self._failed(e)
             return False
@@ -185,9 +221,8 @@ class DiskCache:
         try:
             while True:  # (until an entry passes its checksum, or none is left)
                 with self._read_lock:
-                    row = self._reader.execute(
-                        "SELECT id, start, stop, crc, used, data FROM entries WHERE name=? AND version=? AND start<=? "
-                        "AND stop>=? LIMIT 1", (name, version, start, stop)).fetchone()
+                    row = _first(self._reader, "SELECT id, start, stop, crc, used, data FROM entries WHERE name=? AND "
+                                 "version=? AND start<=? AND stop>=? LIMIT 1", (name, version, start, stop))
                 if row is None:
                     return None
                 rowid, first, last, crc, used, data = row
@@ -208,31 +243,39 @@ class DiskCache:
 
     # -- writes
 
-    def put(self, name: bytes, version: bytes, start: int, data: bytes, total: int) -> None:
-        """Keep `data` as bytes [start, start+len) of that version of the object, evicting the
-        least recently used entries first so that the total stays within the budget."""
-        if self.broken or not data or len(data) > min(MAX_ENTRY, self.size // 4):
+    def put(self, name: bytes, version: bytes, start: int, data: bytes, object_size: int) -> None:
+        """Keep `data` as bytes [start, start+len) of that version of the object (of
+        `object_size` bytes), evicting the least recently used entries first so that the
+        database's pages in use stay within its share of the budget (`_room`)."""
+        if self.broken or not data or len(data) > self._largest:
             return
+        cost = len(data) + PAGE  # (with its row, index entry and overflow pages' headers)
         try:
             with self._write_lock:
                 db = self._writer
                 db.execute("BEGIN IMMEDIATE")
                 try:
-                    total = db.execute("SELECT bytes FROM totals").fetchone()[0]
-                    if total + len(data) > self.size:
-                        total -= self._evict(total + len(data) - self.size)
-                    if total + len(data) <= self.size:
+                    held = _first(db, "SELECT bytes FROM totals")[0]
+                    if self._in_use(db) + cost > self._room:
+                        held -= self._evict(self._in_use(db) + cost - self._room)
+                    if self._in_use(db) + cost <= self._room:
                         cur = db.execute("INSERT OR IGNORE INTO entries (name, version, start, stop, total, crc, used, data) "
-                                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (name, version, start, start + len(data), total,
-                                                                             crc32c.crc32c(data), time.time(), data))
-                        total += len(data) if cur.rowcount == 1 else 0
-                    db.execute("UPDATE totals SET bytes=?", (total,))
+                                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (name, version, start, start + len(data),
+                                                                             object_size, crc32c.crc32c(data), time.time(),
+                                                                             data))
+                        held += len(data) if cur.rowcount == 1 else 0
+                    db.execute("UPDATE totals SET bytes=?", (held,))
                     db.execute("COMMIT")
                 except BaseException:
                     db.execute("ROLLBACK")
                     raise
         except sqlite3.Error as e:
             self._failed(e)
+
+    @staticmethod
+    def _in_use(db: sqlite3.Connection) -> int:
+        """Bytes of the database's pages in use (its file's size less its free pages)."""
+        return (_first(db, "PRAGMA page_count")[0] - _first(db, "PRAGMA freelist_count")[0]) * PAGE
 
     def _evict(self, need: int) -> int:
         """Delete the least recently used entries, `need` bytes' worth (at most EVICT_BATCH
@@ -251,7 +294,7 @@ class DiskCache:
             db = self._writer
             db.execute("BEGIN IMMEDIATE")
             try:
-                n = db.execute("SELECT stop - start FROM entries WHERE id=?", (rowid,)).fetchone()
+                n = _first(db, "SELECT stop - start FROM entries WHERE id=?", (rowid,))
                 if n is not None:
                     db.execute("DELETE FROM entries WHERE id=?", (rowid,))
                     db.execute("UPDATE totals SET bytes=bytes-?", (n[0],))
@@ -266,13 +309,13 @@ class DiskCache:
         """Bytes of the entries (every daemon's)."""
         try:
             with self._read_lock:
-                return self._reader.execute("SELECT bytes FROM totals").fetchone()[0]
+                return _first(self._reader, "SELECT bytes FROM totals")[0]
         except sqlite3.Error:
             return 0
 
     def summary(self) -> dict:
         with self._read_lock:
-            entries, = self._reader.execute("SELECT count(*) FROM entries").fetchone()
+            entries, = _first(self._reader, "SELECT count(*) FROM entries")
         return {"directory": self.directory, "entries": entries, "bytes": self.held(), "size": self.size,
                 "on_disk": disk_usage(self.directory)}
 
@@ -390,7 +433,7 @@ class DiskCachedStore(Store):
         version = self._confirmed.get(key)
         if version is None:
             stop = None if start < 0 or length is None else start + length
-            if not await trio.to_thread.run_sync(self.cache.covers, name, start, stop):
+            if not self.cache.covers(name, start, stop):
                 return await self._fetch(key, start, length)  # nothing to validate for: the read itself
             version = await self._validate(key)
             if version is None:
@@ -413,8 +456,9 @@ class DiskCachedStore(Store):
         first, stop = self._span(version, start, stop - start)
         if first != start or stop <= first:
             return None
-        found = await trio.to_thread.run_sync(self.cache.get, _digest(self.identity, key), version_digest(version),
-                                              first, stop)
+        name, tag = _digest(self.identity, key), version_digest(version)
+        found = await trio.to_thread.run_sync(self.cache.get, name, tag, first, stop) if self.cache.holds(
+            name, tag, first, stop) else None
         if found is None:
             if len(self._missed) > CONFIRMED_KEPT:
                 self._missed.clear()
