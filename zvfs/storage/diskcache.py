@@ -133,7 +133,8 @@ def version_digest(version: Version) -> bytes:
 
 
 class DiskCache:
-    """The database in DIR: thread-safe, blocking calls (run them in worker threads)."""
+    """The database in DIR: thread-safe, blocking calls (run them in worker threads), but for
+    `holds` and `covers`, which are made on one thread (the event loop's) and never wait."""
 
     def __init__(self, directory: str, size: int = DEFAULT_SIZE):
         self.directory = directory
@@ -151,19 +152,20 @@ class DiskCache:
         self._read_lock, self._write_lock = threading.Lock(), threading.Lock()
         #: index-only queries made on the event loop's thread itself (`holds`, `covers`): tens
         #: of µs, where a hop to a worker thread took 0.2-0.5 ms; they never wait for a lock
-        self._prober = self._connect(busy_ms=0)
+        self._prober = self._connect()
+        self._prober.execute("PRAGMA busy_timeout=0")
         self.broken: str | None = None
         with self._write_lock:
             self._writer.executescript(SCHEMA)
 
-    def _connect(self, busy_ms: int = BUSY_MS) -> sqlite3.Connection:
+    def _connect(self) -> sqlite3.Connection:
         wal = self._wal
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000)
-        db.execute(f"PRAGMA busy_timeout={busy_ms}")
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_MS / 1000)
+        db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
         db.execute(f"PRAGMA page_size={PAGE}")  # (a new database's; before WAL mode, which fixes it)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # (WAL: consistent after a crash; the last commits may be lost)
-        db.execute(f"PRAGMA wal_autocheckpoint={wal // 4096}")  # (pages of 4 KiB)
+        db.execute(f"PRAGMA wal_autocheckpoint={wal // PAGE}")
         db.execute(f"PRAGMA journal_size_limit={wal}")
         return db
 
