@@ -15,6 +15,7 @@ shard and in the cache).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -180,7 +181,7 @@ def test_the_budget_holds_on_disk_and_two_daemons_share_it(served, tmp_path):
     out = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache)], capture_output=True, text=True, timeout=60)
     print(f"\non disk: {on_disk} bytes for cache_size={size}\n{out.stdout}")
     assert on_disk <= size  # (the database, its WAL and the WAL's index)
-    with sqlite3.connect(cache / "cache.sqlite") as db:
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:
         held, = db.execute("SELECT sum(length(data)) FROM entries").fetchone()
         counted, = db.execute("SELECT bytes FROM totals").fetchone()
     assert held == counted <= size
@@ -188,7 +189,7 @@ def test_the_budget_holds_on_disk_and_two_daemons_share_it(served, tmp_path):
     cleared = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache), "--clear"], capture_output=True,
                              text=True, timeout=60)
     assert cleared.returncode == 0, cleared.stderr
-    with sqlite3.connect(cache / "cache.sqlite") as db:
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:
         assert db.execute("SELECT count(*) FROM entries").fetchone() == (0,)
 
 
@@ -231,12 +232,14 @@ def test_a_truncated_entry_or_a_damaged_database_is_never_served(served, tmp_pat
         return r.stderr.decode()
 
     cat(COORDS[0])
-    with sqlite3.connect(cache / "cache.sqlite") as db:  # every entry loses its last byte
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:  # every entry loses its last byte
         db.execute("UPDATE entries SET data=substr(data, 1, length(data) - 1)")
+        db.commit()
     mark = nginx.mark()
     assert "failed its checksum" in cat(COORDS[0])
     assert [r for r in shard_requests(nginx.requests(mark)) if r.range != VALIDATION]  # fetched again
-    (cache / "cache.sqlite").write_bytes(b"garbage" * 1000)
+    (cache / "cache.sqlite").write_bytes(b"garbage" * 1000)  # (its WAL is gone: closed by the last user)
+    assert not (cache / "cache.sqlite-wal").exists()
     assert "unusable" in cat(COORDS[1])
     for args in (["--clear"], []):
         r = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache), *args], capture_output=True, text=True,

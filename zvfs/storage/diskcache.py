@@ -11,8 +11,10 @@ Correctness first (docs/reliability.md, the contract):
 
 * Every entry is keyed by the store's identity (its URL without credentials, and its
   endpoint), the key, the object's version (ETag or generation, and size: `Version`) and the
-  byte range. A cached range is served only for the version the store has *confirmed in this
-  process*: the version the last response for that key showed. A key not seen yet costs one
+  byte range. An object whose answers carry no version but its size (no ETag, generation or
+  Last-Modified) is never cached: a rewrite of the same size, a day later, would be served
+  from the cache. A cached range is served only for the version the store has *confirmed in
+  this process*: the version the last response for that key showed. A key not seen yet costs one
   validating request (`Store.size`: a 1-byte ranged GET on HTTP, S3 and GCS, which shows the
   version in the form every read shows it), and only when the cache holds the range asked for
   (of any version); otherwise the read itself is made, so a cold mount makes no more requests
@@ -438,7 +440,7 @@ class DiskCachedStore(Store):
             if not self.cache.covers(name, start, stop):
                 return await self._fetch(key, start, length)  # nothing to validate for: the read itself
             version = await self._validate(key)
-            if version is None:
+            if version is None or not version.tag:
                 return await self._fetch(key, start, length)
         first, stop = self._span(version, start, length)
         missed = self._missed.pop(key, None)  # (just missed: a window around it cannot be cached either)
@@ -453,7 +455,7 @@ class DiskCachedStore(Store):
         """Bytes [start, stop) of the key if the cache holds them for the version confirmed in
         this process, which must be `expect` (if given); None otherwise (no request)."""
         version = self._confirmed.get(key)
-        if version is None or self.cache.broken or (expect is not None and not expect.same(version)):
+        if version is None or not version.tag or self.cache.broken or (expect is not None and not expect.same(version)):
             return None
         first, stop = self._span(version, start, stop - start)
         if first != start or stop <= first:
@@ -481,7 +483,7 @@ class DiskCachedStore(Store):
             raise
         self.bytes += len(data or b"")
         self._seen(key, version)
-        if data and version is not None and not self.cache.broken:
+        if data and version is not None and version.tag and not self.cache.broken:
             first, stop = self._span(version, start, length)
             if stop - first == len(data) and self._pending + len(data) <= PENDING_LIMIT:
                 self._pending += len(data)
