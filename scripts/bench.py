@@ -12,6 +12,10 @@ baselines, with configurations alternated, and reported as a ratio (the machine 
   array through the mount over HTTP with 10 ms per request, against tensorstore reading the
   same random chunks from the sharded store over the same proxy: chunks per second and bytes
   fetched per chunk (nginx's log), side by side.
+- diskcache: `-o cache_dir`: remount time and 10^3 random chunk reads (1 and 8 readers) over HTTP
+  with 10 ms per request, with no disk cache (memory only: a fresh mount, and the same mount
+  reading them again), a cold disk cache and a warm one (a new mount over the cache the cold
+  run filled).
 - views: blocks per second through the Zarr v3, Zarr v2 and N5 views (pass-through and
   transcoded N5 blocks).
 - precomputed: precomputed volumes (raw: pass-through; compressed_segmentation: transcoded)
@@ -477,6 +481,55 @@ def bench_views(work: Path, runs: int, quick: bool) -> list[dict]:
     return rows
 
 
+def bench_diskcache(work: Path, runs: int, quick: bool) -> list[dict]:
+    import random
+    import shutil
+
+    src = work / "diskcache.zarr"
+    if not src.exists():
+        write_sharded(src, (4096, 4096), (128, 128), (1024, 1024))  # 1024 x 16 KiB in 16 shards
+    ng = Nginx(work, work / "nginx-diskcache").start()
+    proxy = DelayProxy(ng.port, 0.010).start()
+    url = f"{proxy.url}/{src.name}"
+    files = [f"c/{i}/{j}" for i in range(32) for j in range(32)]
+    picked = random.Random(0).sample(files, 1000)
+    cache = work / "diskcache-dir"
+    listed = work / "diskcache-files"
+    modes = ("memory only", "memory only, same mount again", "cold disk cache", "warm disk cache")
+    rows = []
+
+    def read(mnt: Path, readers: int) -> float:
+        listed.write_text("".join(f"{mnt}/{f}\0" for f in picked))
+        start = time.perf_counter()
+        subprocess.run(f"xargs -0 -P {readers} -n {1000 // readers} cat < {listed} > /dev/null", shell=True, check=True)
+        return time.perf_counter() - start
+
+    try:
+        for readers in (1, 8):
+            times: dict[str, list] = {k: [] for k in modes}
+            for _ in range(runs):
+                with mounted(url) as (mnt, _, mount_s):
+                    times[modes[0]].append((mount_s, read(mnt, readers)))
+                    times[modes[1]].append((0.0, read(mnt, readers)))
+                shutil.rmtree(cache, ignore_errors=True)
+                for mode in modes[2:]:
+                    with mounted(url, (f"cache_dir={cache}",)) as (mnt, _, mount_s):
+                        times[mode].append((mount_s, read(mnt, readers)))
+            rows += [{"section": "diskcache", "readers": readers, "mode": mode, "mount": median([m for m, _ in t]),
+                      "read": median([r for _, r in t])} for mode, t in times.items()]
+    finally:
+        proxy.stop()
+        ng.stop()
+        shutil.rmtree(cache, ignore_errors=True)
+    return rows
+
+
+def fmt_diskcache(r, rows):
+    base = next(x for x in rows if x["mode"] == "memory only" and x["readers"] == r["readers"])
+    mount = "" if r["mode"].endswith("again") else f"{r['mount']:.2f}"
+    return f"| {r['readers']} | {r['mode']} | {mount} | {r['read']:.2f} | {base['read'] / r['read']:.1f} |"
+
+
 def fmt_listing(r, rows):
     return f"| {r['files']} | {r['mount']:.3f} | {r['find']:.2f} | {r['ls -lR']:.2f} | {r['rss_mib']} |"
 
@@ -776,6 +829,9 @@ SECTIONS = {
     "ml": (("ML-style random chunk reads, 10 ms per request: chunks per second and bytes fetched per chunk "
             "(as a multiple of the 32 KiB chunk; the first read of each shard also fetches its index)"),
            ["workers", "reader", "chunks/s", "bytes fetched / chunk"], bench_ml, fmt_ml),
+    "diskcache": (("Disk cache (-o cache_dir), 10 ms per request (delay proxy) over HTTP: remount, and 10^3 random "
+                   "16 KiB chunk files read by 1 and 8 readers, seconds"),
+                  ["readers", "cache", "mount", "10^3 random chunks", "speed-up"], bench_diskcache, fmt_diskcache),
     "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
               ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
     "precomputed": (precomputed_bench.TITLE, precomputed_bench.HEADER, bench_precomputed, lambda r, rows: r["row"]),
@@ -796,7 +852,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--runs", type=int, help="repetitions per figure (median; default 5, with --quick 1)")
-    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,views,precomputed,serve,fsspec")
+    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,diskcache,views,precomputed,serve,fsspec")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--also", metavar="REV", help="local section: also the zvfs of commit REV, alternated with the others "

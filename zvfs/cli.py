@@ -56,7 +56,7 @@ from .fronts.mounting import (
 from .names import View
 from .options import GENERIC, OWN, MountOptions, options_help, parse_options
 
-COMMANDS = ("mount", "umount", "serve", "ls", "cat", "inspect", "stats", "refresh", "doctor")
+COMMANDS = ("mount", "umount", "serve", "ls", "cat", "inspect", "stats", "refresh", "cache", "doctor")
 
 #: hidden control files the daemon answers at the mount root (found by name only, never listed)
 STATS_FILE = ".zvfs.stats"
@@ -293,6 +293,13 @@ def _parser() -> argparse.ArgumentParser:
                         description="Drop the caches of a mount and invalidate the kernel's entries, so the next reads see the store as it is now.")
     _mountpoint_arg(rf)
 
+    ca = sub.add_parser("cache", help="show or clear a disk cache (-o cache_dir=DIR)",
+                        description="Entries and bytes of the disk cache in DIR (-o cache_dir=DIR), and the bytes its files "
+                                    "take; --clear empties it (mounts using it go on, reading from the store).")
+    ca.add_argument("directory", metavar="DIR").completes_directory = True
+    ca.add_argument("--clear", action="store_true", help="drop every entry")
+    ca.add_argument("--json", action="store_true", help="machine-readable output")
+
     sub.add_parser("doctor", help="check that this machine can mount zvfs (and say what to fix)",
                    description="Check fuse3 (fusermount3, mount.fuse3), /dev/fuse, user_allow_other in /etc/fuse.conf "
                                "and the helpers mount(8) runs (zvfs on the standard PATH, /sbin/mount.zvfs).")
@@ -442,6 +449,38 @@ def cmd_refresh(args) -> int:
     if _control(point, REFRESH_FILE).get("refreshed") is not True:
         raise StorageError(f"{point}: the daemon did not confirm the refresh")
     print(f"{point}: caches dropped")
+    return 0
+
+
+def cmd_cache(args) -> int:
+    import sqlite3
+
+    from .storage.diskcache import DB_NAME, DiskCache, damaged
+
+    if not os.path.exists(os.path.join(args.directory, DB_NAME)):
+        raise MetadataError(args.directory, "no disk cache here (made by -o cache_dir=DIR)")
+    if args.clear:
+        try:
+            DiskCache(args.directory).close()
+        except sqlite3.Error as e:
+            if not damaged(e):
+                raise StorageError(f"{args.directory}: {e}") from None
+            DiskCache.remove(args.directory)  # (made anew below)
+    try:
+        cache = DiskCache(args.directory)
+        try:
+            if args.clear:
+                cache.clear()
+            summary = cache.summary()
+        finally:
+            cache.close()
+    except sqlite3.Error as e:
+        raise StorageError(f"{args.directory}: {e} (remove the directory to start anew)") from None
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{summary['directory']}: {summary['entries']} entries, {summary['bytes']} bytes cached, "
+              f"{summary['on_disk']} bytes on disk{' (cleared)' if args.clear else ''}")
     return 0
 
 
@@ -605,7 +644,7 @@ def _run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     where = shown(getattr(args, "source", None) or getattr(args, "mountpoint", None) or "zvfs")
     try:
-        if args.command in ("mount", "umount", "serve", "stats", "refresh", "doctor"):
+        if args.command in ("mount", "umount", "serve", "stats", "refresh", "cache", "doctor"):
             return globals()[f"cmd_{args.command}"](args)
         import trio
 

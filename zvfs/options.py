@@ -42,6 +42,9 @@ OWN = {
     "request_timeout": ("request_timeout", "float", "remote stores: seconds one request may take (default 20)"),
     "retry_deadline": ("retry_deadline", "float", "remote stores: seconds to keep retrying a failing read before EIO (default 30)"),
     "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),
+    "cache_dir": ("cache_dir", "str", "remote stores: keep fetched indexes, metadata and chunk bytes in this directory across "
+                                      "mounts, shared by every front and daemon that names it (default: none)"),
+    "cache_size": ("cache_size", "size", "bytes the cache_dir may hold on disk (default 10G; least recently used dropped first)"),
     "max_metadata": ("max_metadata", "size", "metadata (zarr.json, info) to hold, as parsed: a file, or all of them "
                                              "together, estimated to take more refuses the mount (default: a quarter of memory)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),
@@ -78,6 +81,8 @@ class MountOptions:
     retry_deadline: float = 30.0
     block_cache: int | None = None
     max_metadata: int | None = None
+    cache_dir: str | None = None
+    cache_size: int | None = None
     mount_timeout: float = 60.0
     fsname: str | None = None
     endpoint: str | None = None

@@ -83,12 +83,13 @@ class OpenSource:
         out = {"zvfs_version": __version__, "source": self.store.display, "view": self.view,
                "backend_requests": 0, "backend_bytes": 0, "retries": 0, "caches": {}}
         layer: Store | None = self.store
-        while layer is not None:  # the store and the layers it wraps (read coalescing)
+        while layer is not None:  # the store and the layers it wraps (read coalescing, disk cache)
             for name, attr in (("backend_requests", "requests"), ("backend_bytes", "bytes"), ("retries", "retries")):
-                out[name] = max(out[name], getattr(layer, attr, 0) or 0)
+                if hasattr(layer, attr):  # the deepest layer's figure: requests that reached the backend
+                    out[name] = getattr(layer, attr) or 0
             block = getattr(layer, "cache_stats", None)
             if block is not None:
-                out["caches"]["block"] = block()
+                out["caches"][getattr(layer, "cache_name", "block")] = block()
             layer = getattr(layer, "inner", None)
         for name, cache in self.caches().items():
             out["caches"][name] = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.nbytes}
@@ -99,6 +100,10 @@ class OpenSource:
         permissions are read again."""
         for cache in self.caches().values():
             cache.clear()
+        layer: Store | None = self.store
+        while layer is not None:  # a disk cache validates every object again
+            getattr(layer, "forget_versions", lambda: None)()
+            layer = getattr(layer, "inner", None)
         if isinstance(self.store, LocalStore):
             self.store.forget_directories()
 
@@ -110,7 +115,8 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
     protocol = source.split("://", 1)[0] if "://" in source else "file"
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts) | (storage or {}),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
-                       follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout)
+                       follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout,
+                       cache_dir=opts.cache_dir, cache_size=opts.cache_size)
     source = store.display  # from here on, only the redacted form is ever shown
     # the index share of the budget is split between shard indexes and store listings
     opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ..errors import MetadataError
@@ -12,11 +13,13 @@ from .urls import redact
 
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
                readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0,
-               follow_symlinks: bool = False, request_timeout: float = 20.0) -> Store:
+               follow_symlinks: bool = False, request_timeout: float = 20.0, cache_dir: str | None = None,
+               cache_size: int | None = None) -> Store:
     """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
     `deadline` seconds, `request_timeout` seconds per attempt, and read-ahead that follows the
     access pattern (windows up to `readahead` bytes, 0 to disable) over a `block_cache`-byte
-    cache."""
+    cache, and with `cache_dir` over a persistent disk cache of `cache_size` bytes (diskcache.py;
+    local stores have none: they are on disk already)."""
     if "://" not in source or source.startswith("file://"):
         path = source.removeprefix("file://")
         if not os.path.exists(path):
@@ -44,6 +47,21 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
             fs, root = fsspec.core.url_to_fs(source, **(storage_options or {}))
     except (ImportError, ValueError) as e:
         raise MetadataError(redact(source), f"cannot open: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
-                        request_timeout=request_timeout)
+    store: Store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
+                               request_timeout=request_timeout)
+    if cache_dir:
+        import sqlite3
+
+        from .diskcache import DEFAULT_SIZE, DiskCache, DiskCachedStore, damaged
+
+        try:
+            cache = DiskCache(cache_dir, cache_size or DEFAULT_SIZE)
+        except (OSError, sqlite3.Error) as e:
+            if not damaged(e):  # (a directory that cannot be made or written: the user's to fix)
+                raise MetadataError(f"cache_dir={cache_dir}", f"cannot use it: {e}") from None
+            logging.getLogger("zvfs.storage").warning("disk cache %s unusable (%s): reading without it; 'zvfs cache %s "
+                                                      "--clear' starts it anew", cache_dir, e, cache_dir)
+        else:
+            endpoint = (storage_options or {}).get("endpoint_url") or ""
+            store = DiskCachedStore(store, cache, identity=f"{store.display} {endpoint}")
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store

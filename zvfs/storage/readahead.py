@@ -88,6 +88,10 @@ class CoalescingStore(Store):
         self._cached = 0
         self._streams: OrderedDict[str, list[_Stream]] = OrderedDict()
         self._inflight: dict[str, list[tuple[int, int, trio.Event]]] = {}
+        #: a disk cache below (diskcache.py), asked for exactly the bytes a read wants before
+        #: a window is fetched: windows differ from mount to mount (measured: 41 of 353 reads of
+        #: a warm cache missed without this)
+        self._disk = getattr(inner, "cached", None) and inner
         self.requests = 0
         self.bytes = 0
         self.hits = 0
@@ -191,8 +195,12 @@ class CoalescingStore(Store):
             if waiting is None:
                 break
             await waiting.wait()
-        self.misses += 1
         need = max(end, extent or end)
+        if self._disk is not None:  # a disk cache below: the bytes wanted, whatever window once fetched them
+            found = await self._disk.cached(key, start, need, expect)
+            if found is not None:  # (counted as the disk cache's hit)
+                return found[: end - start]
+        self.misses += 1
         stream, continued = self._stream(key, start, need)
         first, want = start, need
         if continued:

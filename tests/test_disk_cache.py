@@ -1,0 +1,248 @@
+"""The persistent disk cache (`-o cache_dir=DIR,cache_size=SIZE`, storage/diskcache.py),
+counted at the server: nginx's access log, moto's request recorder.
+
+- A second mount that reads the same chunks makes one validating request per shard (a
+  1-byte GET) and no index or data request; a cold mount makes no more requests with the
+  cache than without.
+- A shard rewritten on the server is read anew by the next mount (its old entries are of
+  another version); an entry whose bytes rot on disk is dropped and fetched again.
+- The budget holds on disk under many reads; two daemons sharing one DIR at once read right.
+
+Fixture: a uint8 array of 64^3 in shards of 32^3 (8 shards) with 16^3 chunks of 4 KiB,
+written by zarr-python without compression (every chunk's bytes appear as they are in the
+shard and in the cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from conftest import zvfs_mount
+from servers import S3, Nginx, ZvfsServe
+
+pytestmark = pytest.mark.mount
+
+SHAPE, SHARD, CHUNK = (64, 64, 64), 32, 16
+GRID = [s // CHUNK for s in SHAPE]
+COORDS = list(itertools.product(*(range(g) for g in GRID)))
+VALIDATION = "bytes=0-0"
+
+
+def write(directory, seed: int) -> np.ndarray:
+    import zarr
+
+    data = np.random.default_rng(seed).integers(1, 255, size=SHAPE, dtype="uint8")
+    a = zarr.create_array(directory / "a.zarr", shape=SHAPE, chunks=(CHUNK,) * 3, shards=(SHARD,) * 3, dtype="uint8",
+                          compressors=None, fill_value=0, overwrite=True)
+    a[...] = data
+    return data
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("diskcache")
+    data = write(d, 1)
+    nginx = Nginx(d, tmp_path_factory.mktemp("diskcache-nginx")).start()
+    yield d, nginx, data
+    nginx.stop()
+
+
+def chunk_of(data: np.ndarray, coords) -> bytes:
+    return data[tuple(slice(c * CHUNK, (c + 1) * CHUNK) for c in coords)].tobytes()
+
+
+def read_all(mnt, data, coords) -> list:
+    """The chunks whose bytes through the mount differ from the array's."""
+    return [c for c in coords if (mnt / "c" / "/".join(map(str, c))).read_bytes() != chunk_of(data, c)]
+
+
+def shard_requests(reqs):
+    return [r for r in reqs if r.path.startswith("/a.zarr/c/")]
+
+
+def test_second_mount_makes_no_index_or_data_request(served, tmp_path):
+    d, nginx, data = served
+    sample = random.Random(3).sample(COORDS, 24)
+    url = f"{nginx.url}/a.zarr"
+    mark = nginx.mark()
+    with zvfs_mount(url, tmp_path / "plain", log=tmp_path / "plain.log") as mnt:
+        assert read_all(mnt, data, sample) == []
+    without = nginx.requests(mark)
+    cache = [f"cache_dir={tmp_path / 'cache'}"]
+    mark = nginx.mark()
+    with zvfs_mount(url, tmp_path / "cold", log=tmp_path / "cold.log", options=cache) as mnt:
+        assert read_all(mnt, data, sample) == []
+    cold = nginx.requests(mark)
+    mark = nginx.mark()
+    with zvfs_mount(url, tmp_path / "warm", log=tmp_path / "warm.log", options=cache) as mnt:
+        assert read_all(mnt, data, sample) == []
+        stats = json.loads((mnt / ".zvfs.stats").read_bytes())
+    everything = nginx.requests(mark)
+    warm = shard_requests(everything)
+    print(f"\nrequests: {len(without)} without the cache, {len(cold)} cold, {len(warm)} warm "
+          f"({stats['caches'].get('disk')})")
+    assert len(cold) <= len(without)
+    assert [r for r in everything if r.range != VALIDATION] == []  # (zarr.json too)
+    assert len(warm) == len({r.path for r in warm}) <= 8  # one per shard
+
+    # the other fronts share the cache: `zvfs serve` and the fsspec front
+    import urllib.request
+
+    import fsspec
+
+    mark = nginx.mark()
+    with ZvfsServe(url, "-o", cache[0], "--no-access-log", log=tmp_path / "serve.log") as served_view:
+        for c in sample:
+            with urllib.request.urlopen(f"{served_view.url}/c/{'/'.join(map(str, c))}") as r:
+                assert r.read() == chunk_of(data, c)
+    fs = fsspec.filesystem("zvfs", fo=url, cache_dir=str(tmp_path / "cache"), skip_instance_cache=True)
+    assert all(fs.cat_file(f"c/{'/'.join(map(str, c))}") == chunk_of(data, c) for c in sample)
+    others = shard_requests(nginx.requests(mark))
+    assert [r for r in others if r.range != VALIDATION] == [] and len(others) <= 16
+
+
+def test_a_rewritten_shard_is_read_anew(served, tmp_path):
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    cache = [f"cache_dir={tmp_path / 'cache'}"]
+    with zvfs_mount(url, tmp_path / "m1", log=tmp_path / "m1.log", options=cache) as mnt:
+        assert read_all(mnt, data, COORDS) == []
+        new = write(d, 2)  # same sizes: nginx's ETag (mtime in seconds and size) changes with the mtime
+        for shard in (d / "a.zarr" / "c").rglob("*"):
+            if shard.is_file():
+                os.utime(shard, (shard.stat().st_mtime + 5,) * 2)
+        assert json.loads((mnt / ".zvfs.refresh").read_bytes())["refreshed"] is True  # (`zvfs refresh`)
+        assert read_all(mnt, new, COORDS) == []
+    try:
+        mark = nginx.mark()
+        with zvfs_mount(url, tmp_path / "m2", log=tmp_path / "m2.log", options=cache) as mnt:
+            assert read_all(mnt, new, COORDS) == []
+        reqs = shard_requests(nginx.requests(mark))
+        assert len([r for r in reqs if r.range == VALIDATION]) == 8  # one per shard
+    finally:
+        write(d, 1)
+        for shard in (d / "a.zarr" / "c").rglob("*"):
+            if shard.is_file():
+                os.utime(shard, (shard.stat().st_mtime + 10,) * 2)
+
+
+def test_a_rotten_entry_is_dropped_and_fetched_again(served, tmp_path):
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    cache = tmp_path / "cache"
+    victim = COORDS[5]
+    with zvfs_mount(url, tmp_path / "m1", log=tmp_path / "m1.log", options=[f"cache_dir={cache}"]) as mnt:
+        assert read_all(mnt, data, COORDS) == []
+    db = cache / "cache.sqlite"
+    assert not (cache / "cache.sqlite-wal").exists() or (cache / "cache.sqlite-wal").stat().st_size == 0
+    raw = bytearray(db.read_bytes())
+    piece = chunk_of(data, victim)[1000:1400]  # (within one page of the database)
+    at = raw.find(piece)
+    assert at > 0 and raw.find(piece, at + 1) < 0
+    raw[at + 100] ^= 0xFF
+    db.write_bytes(bytes(raw))
+    mark = nginx.mark()
+    log = tmp_path / "m2.log"
+    with zvfs_mount(url, tmp_path / "m2", log=log, options=[f"cache_dir={cache}"]) as mnt:
+        assert read_all(mnt, data, COORDS) == []
+        assert read_all(mnt, data, [victim]) == []
+    fetched = [r for r in shard_requests(nginx.requests(mark)) if r.range != VALIDATION]
+    # the entry that held the victim's bytes (a read-ahead window, which may hold its shard's
+    # index and neighbours too) is fetched again, nothing else
+    shard = d / "a.zarr" / "c" / "/".join(str(c // 2) for c in victim)
+    assert fetched and {r.path for r in fetched} == {f"/{shard.relative_to(d)}"}
+    assert sum(r.nbytes for r in fetched) <= shard.stat().st_size
+    assert "failed its checksum" in log.read_text()
+
+
+def test_the_budget_holds_on_disk_and_two_daemons_share_it(served, tmp_path):
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    cache = tmp_path / "cache"
+    size = 256 << 10  # a quarter of the array
+    opts = [f"cache_dir={cache}", f"cache_size={size}", "readahead=0"]
+    with zvfs_mount(url, tmp_path / "m1", log=tmp_path / "m1.log", options=opts) as m1, \
+            zvfs_mount(url, tmp_path / "m2", log=tmp_path / "m2.log", options=opts) as m2:
+        orders = [random.Random(seed).sample(COORDS, len(COORDS)) for seed in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            bad = list(pool.map(lambda i: read_all((m1, m2)[i % 2], data, orders[i]), range(4)))
+        assert bad == [[]] * 4
+        on_disk = sum(p.stat().st_size for p in cache.iterdir())
+    out = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache)], capture_output=True, text=True, timeout=60)
+    print(f"\non disk: {on_disk} bytes for cache_size={size}\n{out.stdout}")
+    assert on_disk <= size  # (the database, its WAL and the WAL's index)
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:
+        held, = db.execute("SELECT sum(length(data)) FROM entries").fetchone()
+        counted, = db.execute("SELECT bytes FROM totals").fetchone()
+    assert held == counted <= size
+    assert out.returncode == 0 and f"{held}" in out.stdout.replace(",", "")
+    cleared = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache), "--clear"], capture_output=True,
+                             text=True, timeout=60)
+    assert cleared.returncode == 0, cleared.stderr
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:
+        assert db.execute("SELECT count(*) FROM entries").fetchone() == (0,)
+
+
+def test_s3_second_mount_makes_no_index_or_data_request(served, tmp_path):
+    from moto.moto_api import recorder
+
+    d, nginx, data = served
+    s3 = S3().start()
+    try:
+        url = s3.upload(d / "a.zarr", "cache", "a.zarr")
+        recorder._location = str(tmp_path / "recording")  # (moto's server runs in this process)
+        sample = random.Random(5).sample(COORDS, 16)
+        opts = [f"endpoint={s3.endpoint}", f"cache_dir={tmp_path / 'cache'}"]
+        with zvfs_mount(url, tmp_path / "m1", log=tmp_path / "m1.log", options=opts) as mnt:
+            assert read_all(mnt, data, sample) == []
+        recorder.reset_recording()
+        recorder.start_recording()
+        with zvfs_mount(url, tmp_path / "m2", log=tmp_path / "m2.log", options=opts) as mnt:
+            assert read_all(mnt, data, sample) == []
+        recorder.stop_recording()
+        rows = [json.loads(line) for line in recorder.download_recording().splitlines() if line.strip()]
+    finally:
+        s3.stop()
+    gets = [(r["url"], r["headers"].get("Range")) for r in rows if r["method"] == "GET" and "/a.zarr/c/" in r["url"]]
+    assert gets and all(rng == VALIDATION for _, rng in gets), gets
+    assert len(gets) == len({u for u, _ in gets})
+
+
+def test_a_truncated_entry_or_a_damaged_database_is_never_served(served, tmp_path):
+    """Through `zvfs cat` (the same open_source as every front)."""
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    cache = tmp_path / "cache"
+
+    def cat(coords):
+        r = subprocess.run([sys.executable, "-m", "zvfs", "cat", url, "c/" + "/".join(map(str, coords)), "-o",
+                            f"cache_dir={cache},readahead=0"], capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == chunk_of(data, coords)
+        return r.stderr.decode()
+
+    cat(COORDS[0])
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:  # every entry loses its last byte
+        db.execute("UPDATE entries SET data=substr(data, 1, length(data) - 1)")
+        db.commit()
+    mark = nginx.mark()
+    assert "failed its checksum" in cat(COORDS[0])
+    assert [r for r in shard_requests(nginx.requests(mark)) if r.range != VALIDATION]  # fetched again
+    (cache / "cache.sqlite").write_bytes(b"garbage" * 1000)  # (its WAL is gone: closed by the last user)
+    assert not (cache / "cache.sqlite-wal").exists()
+    assert "unusable" in cat(COORDS[1])
+    for args in (["--clear"], []):
+        r = subprocess.run([sys.executable, "-m", "zvfs", "cache", str(cache), *args], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and ": 0 entries" in r.stdout, r.stderr
+    cat(COORDS[1])
