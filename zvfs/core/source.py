@@ -112,13 +112,25 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout)
     source = store.display  # from here on, only the redacted form is ever shown
-    # the index share of the budget is split between shard indexes and store listings
-    opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),
-                    CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
     try:
-        kind = await detect(_probe(store, opts.max_metadata))
+        # an OCDBT database is a store over the store: probed when nothing else is recognised
+        # (no request more for other stores), or first when -o version asks for one of its versions
+        kind = None if opts.version else await detect(_probe(store, opts.max_metadata))
+        index_share = opts.index_cache // 2
         if kind is None:
-            raise MetadataError(source, f"not a recognised store ({RECOGNISED})")
+            from ..storage.ocdbt import open_ocdbt
+
+            ocdbt = await open_ocdbt(store, opts.version, opts.index_cache // 3)
+            if ocdbt is not None:
+                store, index_share = ocdbt, opts.index_cache // 3  # B+tree nodes take a third of the index share
+                kind = await detect(_probe(store, opts.max_metadata))
+            elif opts.version:
+                raise MetadataError(source, "-o version is for OCDBT databases (no manifest.ocdbt at its root)")
+        if kind is None:
+            raise MetadataError(source, f"not a recognised store ({RECOGNISED}, nor an OCDBT manifest.ocdbt)")
+        # the index share of the budget is split between shard indexes and store listings
+        opened = Opened(store, CoalescingCache(index_share), CoalescingCache(index_share, keep_oversized=True),
+                        CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
         view = View(opts.view) if opts.view else kind.default_view
         if view not in kind.views:
             raise MetadataError(source, f"view '{view}' is not available for this store (available: {', '.join(kind.views)})")

@@ -1,0 +1,315 @@
+"""OCDBT databases (tensorstore's `ocdbt` kvstore) mounted as the stores they hold, real mounts.
+
+Writer: tensorstore (writers_ocdbt.py): a Zarr v3 group with a sharded and an unsharded array
+(zstd nodes, a version tree of arity 2, ten commits) and a Neuroglancer precomputed volume with
+an unsharded and a sharded scale (uncompressed nodes of at most 1 KiB: interior B+tree nodes).
+Readers: tensorstore's zarr3, zarr, n5 and neuroglancer_precomputed drivers on the mount,
+compared with tensorstore reading the database itself. Also: `-o version=` by generation and
+by commit time, requests counted at nginx, damaged manifests and nodes, lying nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import os
+import random
+import shutil
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import writers_ocdbt as wo
+from conftest import run_zvfs, zvfs_mount
+from servers import Nginx
+from zvfs.storage.ocdbt_format import (BTREE_NODE_MAGIC, MANIFEST_MAGIC, VERSION_NODE_MAGIC, FormatError, decode_btree_node, decode_manifest, decode_version_node,
+                                       unwrap)
+
+pytestmark = pytest.mark.mount
+
+DRIVER = {"zarr": "zarr3", "zarr2": "zarr", "n5": "n5"}
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("ocdbt")
+    history = wo.write_zarr(root / "zarr")
+    wo.write_precomputed(root / "precomputed")
+    return {"root": root, "history": history}
+
+
+@pytest.fixture(scope="module")
+def mounts(dbs, tmp_path_factory):
+    stack = contextlib.ExitStack()
+    made: dict[tuple, Path] = {}
+
+    def get(src, *options: str) -> Path:
+        if (src, options) not in made:
+            base = tmp_path_factory.mktemp("mnt")
+            made[src, options] = stack.enter_context(zvfs_mount(src, base / "mnt", log=base / "zvfs.log", options=options))
+        return made[src, options]
+
+    with stack:
+        yield get
+
+
+def read(path: Path, driver: str, **extra) -> np.ndarray:
+    import tensorstore as ts
+
+    spec = {"driver": driver, "kvstore": {"driver": "file", "path": f"{path}/"}, "open": True, "context": wo.CONTEXT, **extra}
+    return np.asarray(ts.open(spec, read=True).result().read().result())
+
+
+def original_zarr(db: Path, name: str, version: int | None = None) -> np.ndarray:
+    import tensorstore as ts
+
+    kv = {**wo.ocdbt(db), "path": f"{name}/"}
+    if version is not None:
+        kv["version"] = version
+    spec = {"driver": "zarr3", "kvstore": kv, "open": True, "context": wo.CONTEXT}
+    return np.asarray(ts.open(spec, read=True).result().read().result())
+
+
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
+def test_zarr_arrays_read_like_tensorstore_in_every_view(dbs, mounts, view):
+    db = dbs["root"] / "zarr"
+    mnt = mounts(db, f"view={view}")
+    for name in ("sharded", "plain"):
+        want = original_zarr(db, name)
+        got = read(mnt / name, DRIVER[view])
+        if view == "n5":  # N5 lists dimensions fastest-varying first: a C-ordered array's reversed
+            got = got.T
+        np.testing.assert_array_equal(got, want, err_msg=f"{view} {name}")
+    if view == "zarr":  # the group's own zarr.json passes through, its attributes too
+        assert b"tensorstore ocdbt" in (mnt / "zarr.json").read_bytes()
+
+
+@pytest.mark.parametrize("view", ["precomputed", "zarr", "zarr2", "n5"])
+def test_precomputed_scales_read_like_tensorstore_in_every_view(dbs, mounts, view):
+    db = dbs["root"] / "precomputed"
+    mnt = mounts(db, f"view={view}")
+    for i, key in enumerate(("s0", "s1")):
+        want = np.asarray(wo.precomputed_scale(db, i).read().result())
+        if view == "precomputed":
+            got = read(mnt, "neuroglancer_precomputed", scale_index=i)
+        else:
+            got = read(mnt / key, DRIVER[view])
+        np.testing.assert_array_equal(got, want, err_msg=f"{view} {key}")
+
+
+def test_an_earlier_version_by_generation_and_by_commit_time(dbs, mounts):
+    """The first generation kept lies below the manifest, in version tree nodes of height 2
+    and 1; the second is picked by a time between its commit and the next."""
+    db = dbs["root"] / "zarr"
+    history = dbs["history"]
+    first, second = sorted(history["generations"])
+    got = read(mounts(db, f"version={first}") / "sharded", "zarr3")
+    np.testing.assert_array_equal(got, history["generations"][first]["sharded"])
+    np.testing.assert_array_equal(got, original_zarr(db, "sharded", first))
+    when = datetime.datetime.fromtimestamp(history["between"] / 1e9, datetime.timezone.utc).isoformat()
+    got = read(mounts(db, f"version={when}") / "sharded", "zarr3")
+    np.testing.assert_array_equal(got, history["generations"][second]["sharded"])
+    np.testing.assert_array_equal(got, original_zarr(db, "sharded", second))
+    latest = read(mounts(db, "view=zarr") / "sharded", "zarr3")
+    assert not np.array_equal(latest, got)
+
+
+def test_a_version_the_database_does_not_hold_is_one_line(dbs, tmp_path):
+    for version, message in [("99", "no generation 99"), ("1999-01-01T00:00:00Z", "no version committed"),
+                             ("soon", "neither a generation number")]:
+        r = run_zvfs("ls", dbs["root"] / "zarr", "-o", f"version={version}")
+        err = r.stderr.decode().strip()
+        assert r.returncode != 0 and message in err and len(err.splitlines()) == 1, err
+    store = tmp_path / "plain"
+    store.mkdir()
+    (store / "zarr.json").write_bytes(wo.GROUP)
+    r = run_zvfs("ls", store, "-o", "version=1")
+    assert r.returncode != 0 and "OCDBT" in r.stderr.decode(), r.stderr
+
+
+# ------------------------------------------------------------------------------ over HTTP
+
+
+@pytest.fixture(scope="module")
+def nginx(dbs, tmp_path_factory):
+    server = Nginx(dbs["root"], tmp_path_factory.mktemp("nginx")).start()
+    yield server
+    server.stop()
+
+
+def test_a_chunk_costs_its_value_range_and_nodes_read_once_over_http(dbs, nginx, mounts):
+    """Unsharded scale s0 of the precomputed volume (a B+tree of height 1): the first chunk
+    read costs the leaf node on its path and the chunk's byte range; a second chunk of the
+    same leaf costs its byte range alone. Sharded scale s1: index, minishard index and chunk
+    ranges, then the chunk alone for a neighbour."""
+    mnt = mounts(f"{nginx.url}/precomputed", "readahead=0")
+    s0 = sorted(p.name for p in (mnt / "s0").iterdir())
+    mark = nginx.mark()
+    first = (mnt / "s0" / s0[0]).read_bytes()
+    reqs = nginx.requests(mark)
+    assert all(r.status == 206 and r.path.startswith("/precomputed/d/") for r in reqs), reqs
+    assert reqs[-1].nbytes == len(first)
+    mark = nginx.mark()
+    second = (mnt / "s0" / s0[1]).read_bytes()
+    reqs = nginx.requests(mark)
+    assert [r.nbytes for r in reqs] == [len(second)], reqs
+    s1 = sorted(p.name for p in (mnt / "s1").iterdir())
+    (mnt / "s1" / s1[0]).read_bytes()
+    mark = nginx.mark()
+    neighbour = (mnt / "s1" / s1[1]).read_bytes()
+    reqs = nginx.requests(mark)
+    assert [r.nbytes for r in reqs] == [len(neighbour)], reqs
+
+
+def test_every_view_over_http_reads_like_tensorstore(dbs, nginx, mounts):
+    db = dbs["root"] / "zarr"
+    mnt = mounts(f"{nginx.url}/zarr", "view=zarr2")
+    for name in ("sharded", "plain"):
+        np.testing.assert_array_equal(read(mnt / name, "zarr"), original_zarr(db, name))
+
+
+# ------------------------------------------------------------------------------ damage
+
+
+def test_a_damaged_manifest_is_a_one_line_mount_error(dbs, tmp_path):
+    for damage in ("flip", "truncate"):
+        db = tmp_path / damage
+        shutil.copytree(dbs["root"] / "zarr", db)
+        raw = bytearray((db / "manifest.ocdbt").read_bytes())
+        if damage == "flip":
+            raw[len(raw) // 2] ^= 0x40
+        else:
+            del raw[len(raw) // 2:]
+        (db / "manifest.ocdbt").write_bytes(raw)
+        r = run_zvfs("ls", db)
+        err = r.stderr.decode().strip()
+        assert r.returncode != 0 and "manifest.ocdbt" in err and len(err.splitlines()) == 1, err
+
+
+def _leaves(db: Path) -> list[tuple]:
+    """(data file, offset, length, first key, last key) of every leaf of the latest version."""
+    manifest = decode_manifest((db / "manifest.ocdbt").read_bytes(), 1 << 24)
+    top = manifest.versions[-1]
+    out = []
+
+    def walk(ref, height, above):
+        raw = (db / ref.path).read_bytes()[ref.offset:ref.offset + ref.length]
+        node = decode_btree_node(raw, ref.base, 1 << 24)
+        base = above + node.prefix
+        if height == 0:
+            out.append((ref.path, ref.offset, ref.length, base + node.keys[0], base + node.keys[len(node.keys) - 1]))
+            return
+        for i in range(len(node.keys)):
+            walk(node.ref(i), height - 1, base + node.keys[i][:node.common[i]])
+
+    walk(top.root, top.height, b"")
+    return out
+
+
+def test_a_damaged_leaf_is_eio_for_its_keys_and_their_directory(dbs, mounts, tmp_path):
+    """A leaf of scale s0's keys with a byte changed: its chunks, and the listing of s0 that
+    needs it, are EIO (never missing files, which readers would take for fill value); scale
+    s1 and `info` read as before, from a daemon that stays up."""
+    db = tmp_path / "db"
+    shutil.copytree(dbs["root"] / "precomputed", db)
+    leaves = _leaves(db)
+    bad = next(leaf for leaf in leaves if leaf[3].startswith(b"s0/") and leaf[4].startswith(b"s0/"))
+    path, offset, length = bad[:3]
+    with open(db / path, "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+    intact = mounts(dbs["root"] / "precomputed", "view=precomputed")
+    with zvfs_mount(db, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=("view=precomputed",)) as mnt:
+        for attempt in (lambda: (mnt / bad[3].decode()).read_bytes(), lambda: os.listdir(mnt / "s0")):
+            with pytest.raises(OSError) as e:
+                attempt()
+            assert e.value.errno == errno.EIO
+        s1 = sorted(os.listdir(intact / "s1"))
+        assert sorted(os.listdir(mnt / "s1")) == s1
+        for name in s1[:3]:
+            assert (mnt / "s1" / name).read_bytes() == (intact / "s1" / name).read_bytes()
+        assert (mnt / "info").read_bytes() == (intact / "info").read_bytes()
+    assert "CRC-32C" in (tmp_path / "zvfs.log").read_text()
+
+
+# ------------------------------------------------------------------------------ lying nodes (no mount)
+
+
+def _reencode(body: bytes, magic: int, compression: int = 0) -> bytes:
+    """An encoded node with a valid header and checksum around `body`."""
+    import crc32c
+
+    head = bytes([0, compression])
+    length = 12 + len(head) + len(body) + 4
+    raw = magic.to_bytes(4, "big") + length.to_bytes(8, "little") + head + body
+    return raw + crc32c.crc32c(raw).to_bytes(4, "little")
+
+
+def test_a_node_that_decompresses_without_end_is_refused_within_its_limit():
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(bytes(64 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="over the limit"):
+            decode_btree_node(_reencode(bomb, BTREE_NODE_MAGIC, 1), "", 1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+def _uleb(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def test_keys_rebuilt_from_prefixes_are_bounded():
+    """A leaf whose 3,000 keys are 65,535 bytes each, every one but the first two written as
+    the key before it less two bytes plus two new ones: 196 MB of keys from 155 KB of node."""
+    n = 3000
+    body = bytearray([0]) + _uleb(0) + _uleb(n)  # height 0, no data files, n entries
+    body += _uleb(0) + _uleb(65533) * (n - 2)  # prefix lengths (entries 1..n-1)
+    body += _uleb(65535) * 2 + _uleb(2) * (n - 2)  # suffix lengths
+    body += b"a" * 65535 + b"b" * 65533 + b"".join(i.to_bytes(2, "big") for i in range(1, n))
+    body += b"\x00" * n * 2  # value lengths 0, inline
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="out of proportion"):
+            decode_btree_node(_reencode(bytes(body), BTREE_NODE_MAGIC), "", 64 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+
+
+def test_mutated_nodes_decode_or_fail_with_format_error(dbs):
+    """Every byte of real nodes and manifests changed at random (checksum made valid again):
+    FormatError or a decoded node, never another exception."""
+    db = dbs["root"] / "precomputed"
+    leaf = _leaves(db)[0]
+    node = (db / leaf[0]).read_bytes()[leaf[1]:leaf[1] + leaf[2]]
+    body = unwrap(node, BTREE_NODE_MAGIC, 1 << 20)
+    manifest = unwrap((db / "manifest.ocdbt").read_bytes(), MANIFEST_MAGIC, 1 << 20)  # uncompressed
+    rng = random.Random(7)
+    for _ in range(1500):
+        mutated = bytearray(body)
+        for _ in range(rng.randint(1, 4)):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        with contextlib.suppress(FormatError):
+            decode_btree_node(_reencode(bytes(mutated), BTREE_NODE_MAGIC), "", 1 << 20)
+        raw = bytearray(manifest)
+        raw[rng.randrange(len(raw))] = rng.randrange(256)
+        with contextlib.suppress(FormatError):
+            decode_manifest(_reencode(bytes(raw), MANIFEST_MAGIC), 1 << 20)
+        with contextlib.suppress(FormatError):
+            decode_version_node(_reencode(bytes(raw[16:]), VERSION_NODE_MAGIC), "", 4, 1 << 20)
