@@ -118,16 +118,70 @@ def test_an_earlier_version_by_generation_and_by_commit_time(dbs, mounts):
 
 
 def test_a_version_the_database_does_not_hold_is_one_line(dbs, tmp_path):
-    for version, message in [("99", "no generation 99"), ("1999-01-01T00:00:00Z", "no version committed"),
-                             ("soon", "neither a generation number")]:
-        r = run_zvfs("ls", dbs["root"] / "zarr", "-o", f"version={version}")
-        err = r.stderr.decode().strip()
-        assert r.returncode != 0 and message in err and len(err.splitlines()) == 1, err
+    import trio
+
+    from zvfs.core.source import open_source
+    from zvfs.errors import MetadataError
+    from zvfs.options import MountOptions
+    from zvfs.storage.local import LocalStore
+    from zvfs.storage.ocdbt import open_ocdbt
+
+    r = run_zvfs("ls", dbs["root"] / "zarr", "-o", "version=99")
+    err = r.stderr.decode().strip()
+    assert r.returncode != 0 and "no generation 99 (the newest is generation 10" in err and len(err.splitlines()) == 1, err
+    for version, message in [("1999-01-01T00:00:00Z", "no version committed"), ("soon", "neither a generation number"),
+                             ("0", "no generation 0")]:
+        with pytest.raises(MetadataError, match=message):
+            trio.run(open_ocdbt, LocalStore(str(dbs["root"] / "zarr")), version, 1 << 20)
     store = tmp_path / "plain"
     store.mkdir()
     (store / "zarr.json").write_bytes(wo.GROUP)
-    r = run_zvfs("ls", store, "-o", "version=1")
-    assert r.returncode != 0 and "OCDBT" in r.stderr.decode(), r.stderr
+    with pytest.raises(MetadataError, match="-o version is for OCDBT databases"):
+        trio.run(open_source, str(store), MountOptions(version="1"))
+
+
+def test_numbered_manifests_give_their_newest_version(tmp_path):
+    """`manifest_kind: numbered`: manifest.ocdbt holds the configuration only, the versions are
+    in the newest manifest.<generation> (read in-process: the store layer alone)."""
+    import tensorstore as ts
+    import trio
+
+    from zvfs.storage.local import LocalStore
+    from zvfs.storage.ocdbt import open_ocdbt
+
+    kv = ts.KvStore.open(wo.ocdbt(tmp_path, manifest_kind="numbered")).result()
+    for value in (b"x" * 300, b"y" * 300, b"z"):
+        kv.write("a/b", value).result()
+    assert len(list(tmp_path.glob("manifest.0*"))) > 1
+
+    async def main():
+        seen = {}
+        for version in (None, "2", "3"):
+            store = await open_ocdbt(LocalStore(str(tmp_path)), version, 1 << 20)
+            seen[version] = (await store.read("a/b"), [e.name for e in await store.list("a") or []], await store.list("a/b"))
+            await store.aclose()
+        return seen
+
+    seen = trio.run(main)
+    assert seen == {None: (b"z", ["b"], None), "2": (b"x" * 300, ["b"], None), "3": (b"y" * 300, ["b"], None)}
+
+
+def test_an_orbax_checkpoint_mounts_as_its_arrays(tmp_path, mounts):
+    """orbax-checkpoint with Zarr v3 (MaxText's default): one sharded array per parameter in
+    the OCDBT database, no root group (shown under an implicit one), the data files of its
+    process's sub-database under `ocdbt.process_0/`."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    state = {"params": {"dense": {"kernel": np.arange(64 * 32, dtype=np.float32).reshape(64, 32),
+                                  "bias": np.linspace(0, 1, 32, dtype=np.float32)}}, "step": np.int32(5)}
+    ckpt = tmp_path / "ckpt" / "1"
+    ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_zarr3=True)).save(ckpt, state)
+    names = {"params.dense.kernel": state["params"]["dense"]["kernel"], "params.dense.bias": state["params"]["dense"]["bias"],
+             "step": state["step"]}
+    mnt = mounts(ckpt)
+    for name, want in names.items():
+        got = read(mnt / name, "zarr3")
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        np.testing.assert_array_equal(got, original_zarr(ckpt, name))
 
 
 # ------------------------------------------------------------------------------ over HTTP
@@ -175,6 +229,12 @@ def test_every_view_over_http_reads_like_tensorstore(dbs, nginx, mounts):
 
 
 def test_a_damaged_manifest_is_a_one_line_mount_error(dbs, tmp_path):
+    import trio
+
+    from zvfs.errors import MetadataError
+    from zvfs.storage.local import LocalStore
+    from zvfs.storage.ocdbt import open_ocdbt
+
     for damage in ("flip", "truncate"):
         db = tmp_path / damage
         shutil.copytree(dbs["root"] / "zarr", db)
@@ -184,9 +244,15 @@ def test_a_damaged_manifest_is_a_one_line_mount_error(dbs, tmp_path):
         else:
             del raw[len(raw) // 2:]
         (db / "manifest.ocdbt").write_bytes(raw)
-        r = run_zvfs("ls", db)
-        err = r.stderr.decode().strip()
-        assert r.returncode != 0 and "manifest.ocdbt" in err and len(err.splitlines()) == 1, err
+        if damage == "flip":
+            (tmp_path / "mnt").mkdir()
+            r = run_zvfs("mount", db, tmp_path / "mnt")
+            err = r.stderr.decode().strip()
+            assert r.returncode != 0 and "manifest.ocdbt: not a valid OCDBT manifest: CRC-32C" in err, err
+            assert len(err.splitlines()) == 1, err
+        else:
+            with pytest.raises(MetadataError, match="manifest.ocdbt: not a valid OCDBT manifest: header says"):
+                trio.run(open_ocdbt, LocalStore(str(db)), None, 1 << 20)
 
 
 def _leaves(db: Path) -> list[tuple]:

@@ -37,6 +37,10 @@ MAX_MANIFEST = 16 << 20
 #: bytes an encoded or decoded node may take, whatever its database's `max_decoded_node_bytes`
 #: says (tensorstore writes nodes of at most that, 8 MiB by default)
 MAX_NODE = 64 << 20
+#: An Orbax checkpoint (orbax-checkpoint with `use_zarr3`, MaxText's default) holds one Zarr v3
+#: array per parameter (`params.dense.kernel/zarr.json`) and no group at its root: such a
+#: database is shown under this implicit root group, so that its arrays mount as a hierarchy.
+IMPLICIT_ROOT = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
 
 
 class OcdbtStore(Store):
@@ -47,6 +51,7 @@ class OcdbtStore(Store):
         self.display = inner.display
         self.manifest = manifest
         self.generation = generation
+        self.implicit: dict[str, bytes] = {}  # keys shown that the database does not hold (IMPLICIT_ROOT)
         self.nodes = CoalescingCache(cache_bytes, patience=inner.patience, name=inner.display)
         config = manifest.config
         self.node_limit = min(MAX_NODE, max(1 << 20, 2 * config.max_decoded_node_bytes))
@@ -132,6 +137,8 @@ class OcdbtStore(Store):
         return Version(node.lengths[i], tag)
 
     async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
+        if key in self.implicit:
+            return await self.read(key, start, length), await self.current(key)
         found = await self._lookup(key)
         if found is None:
             return None, None
@@ -139,6 +146,9 @@ class OcdbtStore(Store):
 
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
                    expect: Version | None = None) -> bytes | None:
+        if key in self.implicit:
+            value = self.implicit[key][start:]
+            return value if length is None else value[:length]
         found = await self._lookup(key)
         if found is None:
             if expect is not None:
@@ -166,10 +176,14 @@ class OcdbtStore(Store):
         return data
 
     async def current(self, key: str) -> Version | None:
+        if key in self.implicit:
+            return Version(len(self.implicit[key]), ("ocdbt-implicit",))
         found = await self._lookup(key)
         return None if found is None else self._version(*found)
 
     async def size(self, key: str) -> int | None:
+        if key in self.implicit:
+            return len(self.implicit[key])
         found = await self._lookup(key)
         return None if found is None else found[0].lengths[found[1]]
 
@@ -204,6 +218,8 @@ class OcdbtStore(Store):
                     low = start + rest[:cut] + b"0"  # "0" follows "/": past the directory's keys
                 i += 1
             low = max(low, base + node.keys[n - 1] + b"\0")
+        if not start:
+            out += [Entry(name, False, len(value)) for name, value in self.implicit.items()]
         return out or None
 
     async def aclose(self) -> None:
@@ -246,10 +262,21 @@ async def open_ocdbt(store: Store, version: str | None, cache_bytes: int) -> Ocd
     ocdbt = OcdbtStore(store, manifest, manifest.versions[-1], cache_bytes)
     if version is not None:
         ocdbt.generation = await _pick(ocdbt, version, where)
+    if await _arrays_without_root(ocdbt):
+        ocdbt.implicit["zarr.json"] = IMPLICIT_ROOT
     g = ocdbt.generation
     log.info("%s: OCDBT database, generation %d of %d (committed %s)", store.display, g.number,
              manifest.versions[-1].number, _when(g.commit_ns))
     return ocdbt
+
+
+async def _arrays_without_root(ocdbt: OcdbtStore) -> bool:
+    """Whether the database holds Zarr v3 nodes one level down and nothing at its root that a
+    store kind is recognised by (an Orbax checkpoint). Its first 8 directories are looked at."""
+    if await ocdbt.size("zarr.json") is not None or await ocdbt.size("info") is not None:
+        return False
+    dirs = [e.name for e in await ocdbt.list("") or [] if e.is_dir][:8]
+    return any([await ocdbt.size(f"{d}/zarr.json") is not None for d in dirs])
 
 
 def _decode_manifest(encoded: bytes, where: str) -> Manifest:
@@ -297,7 +324,7 @@ async def _pick(ocdbt: OcdbtStore, text: str, where: str) -> Generation:
 
     newest = manifest.versions[-1].number
     found = [g for g in manifest.versions if fits(g)]
-    if found and (by_number or found[-1] is not manifest.versions[0] or not manifest.version_nodes):
+    if found:  # the inline versions are the newest: the last that fits is the one
         return found[-1]
     children = list(manifest.version_nodes)
     try:
@@ -310,7 +337,7 @@ async def _pick(ocdbt: OcdbtStore, text: str, where: str) -> Generation:
                 break
             node = await _version_node(ocdbt, child)
             if node.height == 0:
-                found = [g for g in node.leaves if fits(g)] or found
+                found = [g for g in node.leaves if fits(g)]
                 break
             children = list(node.children)
     except CorruptShardError as e:
