@@ -363,16 +363,21 @@ def test_mutated_nodes_decode_or_fail_with_format_error(dbs):
     FormatError or a decoded node, never another exception."""
     db = dbs["root"] / "precomputed"
     leaf = _leaves(db)[0]
-    node = (db / leaf[0]).read_bytes()[leaf[1]:leaf[1] + leaf[2]]
-    body = unwrap(node, BTREE_NODE_MAGIC, 1 << 20)
+    root = decode_manifest((db / "manifest.ocdbt").read_bytes(), 1 << 20).versions[-1].root
+    bodies = [unwrap((db / ref[0]).read_bytes()[ref[1]:ref[1] + ref[2]], BTREE_NODE_MAGIC, 1 << 20)
+              for ref in (leaf, (root.path, root.offset, root.length))]  # a leaf, the interior root
     manifest = unwrap((db / "manifest.ocdbt").read_bytes(), MANIFEST_MAGIC, 1 << 20)  # uncompressed
+    with pytest.raises(FormatError, match="64 bits"):  # a 10-byte varint of 70 bits: the data file count
+        decode_btree_node(_reencode(b"\x00" + b"\xff" * 9 + b"\x7f", BTREE_NODE_MAGIC), "", 1 << 20)
     rng = random.Random(7)
-    for _ in range(1500):
-        mutated = bytearray(body)
+    for k in range(3000):
+        mutated = bytearray(bodies[k % 2])
         for _ in range(rng.randint(1, 4)):
             mutated[rng.randrange(len(mutated))] = rng.randrange(256)
         with contextlib.suppress(FormatError):
             decode_btree_node(_reencode(bytes(mutated), BTREE_NODE_MAGIC), "", 1 << 20)
+        if k % 2:
+            continue
         raw = bytearray(manifest)
         raw[rng.randrange(len(raw))] = rng.randrange(256)
         with contextlib.suppress(FormatError):

@@ -133,6 +133,8 @@ class _Reader:
             if b < 0x80:
                 break
         self.pos = pos
+        if value >> 64:
+            raise FormatError("varint longer than 64 bits")
         if value > limit:
             raise FormatError(f"value {value} over its limit {limit}")
         return value
