@@ -73,7 +73,10 @@ class OpenSource:
             cache.name = self.store.display
 
     def caches(self) -> dict[str, CoalescingCache]:
-        named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings}
+        from ..storage.ocdbt import OcdbtStore
+
+        nodes = self.store.nodes if isinstance(self.store, OcdbtStore) else None  # an OCDBT database's B+tree nodes
+        named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings, "ocdbt_nodes": nodes}
         return {name: cache for name, cache in named.items() if cache is not None}
 
     def stats(self) -> dict:
