@@ -282,7 +282,7 @@ def _leaves(db: Path) -> list[tuple]:
             out.append((ref.path, ref.offset, ref.length, base + node.keys[0], base + node.keys[len(node.keys) - 1]))
             return
         for i in range(len(node.keys)):
-            walk(node.ref(i), height - 1, base + node.keys[i][:node.common[i]])
+            walk(node.ref(i), height - 1, base + node.subtree(i))
 
     walk(top.root, top.height, b"")
     return out

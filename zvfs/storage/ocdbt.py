@@ -102,7 +102,7 @@ class OcdbtStore(Store):
             i = node.child(rest)
             if i < 0:
                 return None
-            common = node.keys[i][:node.common[i]]
+            common = node.subtree(i)
             if not rest.startswith(common):
                 return None
             ref, height, at = node.ref(i), height - 1, at + len(common)
@@ -122,7 +122,7 @@ class OcdbtStore(Store):
         if height == 0:
             return (node, i, base) if i < len(node.keys) else None
         for j in range(i, len(node.keys)):
-            found = await self._seek(node.ref(j), height - 1, base + node.keys[j][:node.common[j]], low, where)
+            found = await self._seek(node.ref(j), height - 1, base + node.subtree(j), low, where)
             if found is not None:
                 return found
         return None
@@ -130,11 +130,12 @@ class OcdbtStore(Store):
     # -- the store interface
 
     def _version(self, node: BtreeNode, i: int) -> Version:
-        if node.files[i] < 0:
+        where = node.location(i)
+        if where is None:
             tag: tuple = ("ocdbt-inline", hashlib.blake2b(node.inline(i), digest_size=16).digest())
         else:
-            tag = ("ocdbt", node.table[node.files[i]][0], node.offsets[i])
-        return Version(node.lengths[i], tag)
+            tag = ("ocdbt", *where)
+        return Version(node.size(i), tag)
 
     async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
         if key in self.implicit:
@@ -159,15 +160,15 @@ class OcdbtStore(Store):
         return await self._value(key, *found, start, length, extent)
 
     async def _value(self, key: str, node: BtreeNode, i: int, start: int, length: int | None, extent: int | None) -> bytes:
-        size = node.lengths[i]
+        size = node.size(i)
         begin = max(0, size + start) if start < 0 else min(start, size)
         end = size if length is None else min(size, begin + length)
-        if node.files[i] < 0:
+        where = node.location(i)
+        if where is None:
             return node.inline(i)[begin:end]
         if end <= begin:
             return b""
-        path = node.table[node.files[i]][0]
-        offset = node.offsets[i]
+        path, offset = where
         ahead = offset + min(size, extent) if extent else None
         data = await self.inner.read(path, offset + begin, end - begin, ahead)
         if data is None or len(data) != end - begin:
@@ -185,7 +186,7 @@ class OcdbtStore(Store):
         if key in self.implicit:
             return len(self.implicit[key])
         found = await self._lookup(key)
-        return None if found is None else found[0].lengths[found[1]]
+        return None if found is None else found[0].size(found[1])
 
     async def list(self, prefix: str) -> list[Entry] | None:
         """Names directly below `prefix`, in one pass over the leaves below it that skips each
@@ -211,7 +212,7 @@ class OcdbtStore(Store):
                 rest = full[len(start):]
                 cut = rest.find(b"/")
                 if cut < 0:
-                    out.append(Entry(rest.decode("utf-8", "surrogateescape"), False, node.lengths[i]))
+                    out.append(Entry(rest.decode("utf-8", "surrogateescape"), False, node.size(i)))
                     low = full + b"\0"
                 else:
                     out.append(Entry(rest[:cut].decode("utf-8", "surrogateescape"), True, None))

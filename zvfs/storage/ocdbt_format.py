@@ -4,9 +4,12 @@ Written from the format's documentation (tensorstore/kvstore/ocdbt/index.rst, "S
 and checked against tensorstore's decoder (kvstore/ocdbt/format/*.cc) where the page is vague:
 `manifest_kind`, `value_kind` and heights are single bytes; commit times are uint64le
 nanoseconds in leaf and interior entries alike; the CRC-32C covers every byte before it
-(header included). Every node is decoded whole into flat columns (one bytes object of keys with
-offsets, arrays of numbers), never one Python object per entry: a leaf of 100,000 entries
-takes ~20 bytes an entry instead of ~250, so its `nbytes` is what a cache can budget.
+(header included). Every node is decoded whole into flat columns (one bytes object of keys,
+numpy arrays of numbers, varint columns decoded with numpy), never one Python object per
+entry: a leaf of 100,000 entries written by tensorstore (keys `arr/c/I/J`, half the values
+inline) decodes in 0.13 s into 5.6 MB held, 56 bytes an entry, which its `nbytes` gives
+within 0.1% (so a cache can budget it); a list of its keys as bytes objects alone took 47
+bytes an entry, and decoding varint by varint in Python took 0.77 s.
 
 Nothing here trusts a length: every count and size is checked against the bytes that remain,
 the decompressed size against a limit given by the caller, the keys a node rebuilds (prefix
@@ -21,6 +24,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 import crc32c
+import numpy as np
 
 MANIFEST_MAGIC = 0x0CDB3A2A
 VERSION_NODE_MAGIC = 0x0CDB1234
@@ -139,6 +143,34 @@ class _Reader:
             raise FormatError(f"value {value} over its limit {limit}")
         return value
 
+    def varints(self, k: int, limit: int = MISSING) -> np.ndarray:
+        """k varints in a row (a column), as uint64: found with numpy (one Python `varint`
+        call per value took 60% of decoding a 100,000-entry leaf: 0.46 of 0.77 s)."""
+        if k == 0:
+            return np.zeros(0, np.uint64)
+        view = np.frombuffer(self.data, np.uint8, count=min(self.remaining(), 10 * k), offset=self.pos)
+        ends = np.flatnonzero(view < 0x80)[:k]
+        if len(ends) < k:
+            raise FormatError("ends early")
+        starts = np.empty(k, np.int64)
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+        sizes = ends - starts + 1
+        longest = int(sizes.max())
+        if longest > 10:
+            raise FormatError("varint longer than 64 bits")
+        values = np.zeros(k, np.uint64)
+        for j in range(longest):
+            sel = sizes > j
+            byte = view[starts[sel] + j].astype(np.uint64) & np.uint64(0x7F)
+            if j == 9 and (byte > 1).any():
+                raise FormatError("varint longer than 64 bits")
+            values[sel] |= byte << np.uint64(7 * j)
+        if limit < MISSING and (values > np.uint64(limit)).any():
+            raise FormatError(f"value {int(values.max())} over its limit {limit}")
+        self.pos += int(ends[-1]) + 1
+        return values
+
     def count(self, limit: int, each: int = 1) -> int:
         """A count of things that take at least `each` bytes each: no more than remain."""
         n = self.varint(limit)
@@ -241,24 +273,24 @@ def _data_file_table(r: _Reader, transitive: str) -> list[tuple[str, str]]:
     return out
 
 
-def _columns(r: _Reader, n: int, files: list[tuple[str, str]], allow_missing: bool = False) -> tuple[array, array, array]:
+def _columns(r: _Reader, n: int, files: list[tuple[str, str]], allow_missing: bool = False) -> tuple[np.ndarray, ...]:
     """n indirect data references as columns: file ids, offsets, lengths (`allow_missing`: an
     offset and length of 2^64-1 each stands for no node, its id unchecked)."""
-    ids = array("Q", (r.varint() for _ in range(n)))
-    offsets = array("Q", (r.varint() for _ in range(n)))
-    lengths = array("Q", (r.varint() for _ in range(n)))
-    for i, o, length in zip(ids, offsets, lengths):
-        if allow_missing and o == MISSING and length == MISSING:
-            continue
-        if i >= len(files) or not files[i][0]:
-            raise FormatError(f"data file id {i}: not in the table, or a path outside the database")
-        if o + length >= 1 << 63:
-            raise FormatError("data reference past any file's end")
+    ids, offsets, lengths = r.varints(n), r.varints(n), r.varints(n)
+    used = ~((offsets == np.uint64(MISSING)) & (lengths == np.uint64(MISSING))) if allow_missing else np.ones(n, bool)
+    if (ids[used] >= np.uint64(len(files))).any():
+        raise FormatError(f"data file id outside the table of {len(files)}")
+    outside = np.array([not path for path, _ in files] or [True])
+    if outside[ids[used].astype(np.int64)].any():
+        raise FormatError("a data file path outside the database")
+    big = np.uint64(1 << 63)
+    if ((offsets[used] >= big) | (lengths[used] >= big) | (offsets[used] + lengths[used] >= big)).any():
+        raise FormatError("data reference past any file's end")
     return ids, offsets, lengths
 
 
 def _refs(r: _Reader, files: list[tuple[str, str]], n: int, allow_missing: bool = False) -> list[Ref | None]:
-    ids, offsets, lengths = _columns(r, n, files, allow_missing)
+    ids, offsets, lengths = (column.tolist() for column in _columns(r, n, files, allow_missing))
     return [None if o == MISSING and length == MISSING else Ref(files[i][0], o, length, files[i][1])
             for i, o, length in zip(ids, offsets, lengths)]
 
@@ -346,9 +378,9 @@ class _Keys:
 
     __slots__ = ("blob", "ends")
 
-    def __init__(self, blob: bytes, ends: array):
+    def __init__(self, blob: bytes, ends: list[int]):
         self.blob = blob
-        self.ends = ends
+        self.ends = array("Q", ends)  # 8 bytes an entry (a list of ints: 36)
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -361,10 +393,9 @@ class BtreeNode:
     """A decoded B+tree node. `prefix`: what every key of the node starts with (after the
     prefix its parent gave it); `keys[i]`: the rest of entry i's key.
 
-    Leaf (height 0): entry i's value is `inline[i]` bytes of `values` (when `files[i] < 0`) or
-    `lengths[i]` bytes at `offsets[i]` of data file `files[i]`.
-    Interior: entry i is the child node at `offsets[i]`, `lengths[i]` of `files[i]`, whose keys
-    all start with prefix + keys[i][:common[i]] (its own keys are relative to that)."""
+    Leaf (height 0): entry i's value is `size(i)` bytes, inline (`location(i)` None) or at
+    `location(i)` of a data file. Interior: entry i is the child node `ref(i)`, whose keys all
+    start with prefix + `subtree(i)` (its own keys are relative to that)."""
 
     __slots__ = ("height", "prefix", "keys", "files", "table", "offsets", "lengths", "common", "values", "value_ends", "nbytes")
 
@@ -377,12 +408,24 @@ class BtreeNode:
         """Interior: the index of the child whose range holds `key`, or -1."""
         return bisect_right(self.keys, key) - 1
 
+    def subtree(self, i: int) -> bytes:
+        return self.keys[i][:int(self.common[i])]
+
     def ref(self, i: int) -> Ref:
-        path, base = self.table[self.files[i]]
-        return Ref(path, self.offsets[i], self.lengths[i], base)
+        path, base = self.table[int(self.files[i])]
+        return Ref(path, int(self.offsets[i]), int(self.lengths[i]), base)
+
+    def size(self, i: int) -> int:
+        return int(self.lengths[i])
+
+    def location(self, i: int) -> tuple[str, int] | None:
+        """Leaf: (data file, offset) of entry i's value, None when it is inline."""
+        f = int(self.files[i])
+        return None if f < 0 else (self.table[f][0], int(self.offsets[i]))
 
     def inline(self, i: int) -> bytes:
-        return self.values[self.value_ends[i] - self.lengths[i]:self.value_ends[i]]
+        end = int(self.value_ends[i])
+        return self.values[end - int(self.lengths[i]):end]
 
 
 def decode_btree_node(encoded: bytes, base: str, limit: int) -> BtreeNode:
@@ -390,81 +433,77 @@ def decode_btree_node(encoded: bytes, base: str, limit: int) -> BtreeNode:
     r = _Reader(body)
     node = BtreeNode()
     node.height = r.byte()
-    node.table = _data_file_table(r, base)
+    node.table = table = _data_file_table(r, base)
     n = r.varint(MAX_NODE_ARITY)
     if n == 0:
         raise FormatError("empty B+tree node")
     if 3 * n > r.remaining():
         raise FormatError(f"{n} entries, more than its bytes can hold")
-    prefix_len = [0] + [r.varint(MAX_KEY_LENGTH) for _ in range(n - 1)]
-    suffix_len = [r.varint(MAX_KEY_LENGTH) for _ in range(n)]
-    common = [r.varint(MAX_KEY_LENGTH) for _ in range(n)] if node.height else []
+    prefix_len = np.zeros(n, np.int64)
+    prefix_len[1:] = r.varints(n - 1, MAX_KEY_LENGTH)
+    suffix_len = r.varints(n, MAX_KEY_LENGTH).astype(np.int64)
+    common = r.varints(n, MAX_KEY_LENGTH).astype(np.int64) if node.height else np.zeros(0, np.int64)
+    key_len = prefix_len + suffix_len
+    if (prefix_len[1:] > key_len[:-1]).any():
+        raise FormatError("a key prefix longer than the key before it")
+    if (key_len > MAX_KEY_LENGTH).any() or (node.height and (common > key_len).any()):
+        raise FormatError("a key length out of range")
     # the node's common prefix: the shortest shared prefix (and, interior, subtree prefix)
-    shared = min([suffix_len[0], *prefix_len[1:], *common])
-    total = 0
-    prev = 0
-    for i in range(n):
-        if prefix_len[i] > prev:
-            raise FormatError(f"entry {i}: key prefix longer than the key before it")
-        prev = prefix_len[i] + suffix_len[i]
-        if prev > MAX_KEY_LENGTH or (node.height and common[i] > prev):
-            raise FormatError(f"entry {i}: key length out of range")
-        total += prev - shared
+    shared = int(min(suffix_len[0], prefix_len[1:].min(initial=MAX_KEY_LENGTH), common.min(initial=MAX_KEY_LENGTH)))
+    total = int(key_len.sum()) - n * shared
     if total > KEY_BLOWUP * len(body) + (1 << 20):
         raise FormatError(f"keys rebuild to {total} bytes, out of proportion to the node")
-    if sum(suffix_len) > r.remaining():
+    if int(suffix_len.sum()) > r.remaining():
         raise FormatError("keys longer than the node")
-    blob = bytearray()
-    ends = array("Q")
-    first = r.take(suffix_len[0])
-    node.prefix = first[:shared]
-    blob += first[shared:]
-    ends.append(len(blob))
-    last = first[shared:]
-    for i in range(1, n):
-        key = last[:prefix_len[i] - shared] + r.take(suffix_len[i])
+    suffixes = r.take(int(suffix_len.sum()))
+    node.prefix = suffixes[:shared]
+    blob = bytearray(suffixes[shared:int(suffix_len[0])])
+    ends = [len(blob)]
+    last = bytes(blob)
+    at = int(suffix_len[0])
+    for p, q in zip((prefix_len[1:] - shared).tolist(), suffix_len[1:].tolist()):
+        key = last[:p] + suffixes[at:at + q]
+        at += q
         if key <= last:
             raise FormatError("keys out of order")
         blob += key
         ends.append(len(blob))
         last = key
     node.keys = _Keys(bytes(blob), ends)
-    table = node.table
     if node.height:
-        node.common = array("I", (c - shared for c in common))
-        node.files, node.offsets, node.lengths = _columns(r, n, table)
-        for _ in range(3 * n):  # statistics
-            r.varint()
-        node.values, node.value_ends = b"", array("Q")
+        node.common = common - shared
+        ids, node.offsets, node.lengths = _columns(r, n, table)
+        node.files = ids.astype(np.int64)
+        r.varints(3 * n)  # statistics: num_keys, num_tree_bytes, num_indirect_value_bytes
+        node.values, node.value_ends = b"", np.zeros(0, np.uint64)
     else:
-        node.common = array("I")
-        lengths = [r.varint() for _ in range(n)]
-        kinds = [r.byte() for _ in range(n)]
-        if any(k > 1 for k in kinds):
+        node.common = np.zeros(0, np.int64)
+        lengths = r.varints(n)
+        kinds = np.frombuffer(r.take(n), np.uint8)
+        if (kinds > 1).any():
             raise FormatError("value kind other than 0 (inline) or 1 (data file)")
-        indirect = [i for i in range(n) if kinds[i]]
-        if indirect and not table:
+        indirect = np.flatnonzero(kinds)
+        if len(indirect) and not table:
             raise FormatError("values in data files, and no data file table")
-        files = array("q", [-1]) * n
-        offsets = array("Q", [0]) * n
-        for i in indirect:
-            files[i] = r.varint(len(table) - 1)
-            if not table[files[i]][0]:
-                raise FormatError("a value in a data file outside the database")
-        for i in indirect:
-            offsets[i] = r.varint()
-            if offsets[i] + lengths[i] >= 1 << 63:
-                raise FormatError("value past any file's end")
-        direct = sum(lengths[i] for i in range(n) if not kinds[i])
-        values = r.take(direct)
-        value_ends = array("Q", [0]) * n
-        at = 0
-        for i in range(n):
-            if not kinds[i]:
-                at += lengths[i]
-                value_ends[i] = at
-        node.files, node.offsets, node.lengths = files, offsets, array("Q", lengths)
-        node.values, node.value_ends = values, value_ends
+        ids = r.varints(len(indirect), max(0, len(table) - 1))
+        offsets = r.varints(len(indirect))
+        if len(indirect) and np.array([not path for path, _ in table])[ids.astype(np.int64)].any():
+            raise FormatError("a value in a data file outside the database")
+        big = np.uint64(1 << 63)
+        if ((offsets >= big) | (lengths[indirect] >= big) | (offsets + lengths[indirect] >= big)).any():
+            raise FormatError("value past any file's end")
+        direct = np.where(kinds == 0, lengths, np.uint64(0))
+        if (direct > np.uint64(r.remaining())).any() or int(direct.sum()) > r.remaining():
+            raise FormatError("inline values longer than the node")
+        node.values = r.take(int(direct.sum()))
+        node.value_ends = np.cumsum(direct, dtype=np.uint64)
+        node.files = np.full(n, -1, np.int64)
+        node.files[indirect] = ids.astype(np.int64)
+        node.offsets = np.zeros(n, np.uint64)
+        node.offsets[indirect] = offsets
+        node.lengths = lengths
     r.end()
-    node.nbytes = len(node.keys.blob) + len(node.values) + 8 * 5 * n + 64 * len(table) + sum(len(p) for p, _ in table) + 300
+    columns = (node.files, node.offsets, node.lengths, node.common, node.value_ends)
+    node.nbytes = (len(node.keys.blob) + 8 * n + len(node.values) + sum(c.nbytes for c in columns)
+                   + sum(100 + len(p) + len(b) for p, b in table) + 400)
     return node
