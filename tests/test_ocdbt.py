@@ -164,6 +164,11 @@ def test_numbered_manifests_give_their_newest_version(tmp_path):
 
     seen = trio.run(main)
     assert seen == {None: (b"z", ["b"], None), "2": (b"x" * 300, ["b"], None), "3": (b"y" * 300, ["b"], None)}
+    from zvfs.core.source import open_source
+    from zvfs.errors import MetadataError
+
+    with pytest.raises(MetadataError, match="an OCDBT database whose keys are not a recognised store"):
+        trio.run(open_source, str(tmp_path))
 
 
 def test_an_orbax_checkpoint_mounts_as_its_arrays(tmp_path, mounts):

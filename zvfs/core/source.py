@@ -119,7 +119,7 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
         # an OCDBT database is a store over the store: probed when nothing else is recognised
         # (no request more for other stores), or first when -o version asks for one of its versions
         kind = None if opts.version else await detect(_probe(store, opts.max_metadata))
-        index_share = opts.index_cache // 2
+        index_share, ocdbt = opts.index_cache // 2, None
         if kind is None:
             from ..storage.ocdbt import open_ocdbt
 
@@ -130,7 +130,8 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
             elif opts.version:
                 raise MetadataError(source, "-o version is for OCDBT databases (no manifest.ocdbt at its root)")
         if kind is None:
-            raise MetadataError(source, f"not a recognised store ({RECOGNISED}, nor an OCDBT manifest.ocdbt)")
+            what = "an OCDBT database whose keys are not" if ocdbt else "not"
+            raise MetadataError(source, f"{what} a recognised store ({RECOGNISED}{'' if ocdbt else ', nor manifest.ocdbt'})")
         # the index share of the budget is split between shard indexes and store listings
         opened = Opened(store, CoalescingCache(index_share), CoalescingCache(index_share, keep_oversized=True),
                         CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)

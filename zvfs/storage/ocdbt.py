@@ -66,10 +66,12 @@ class OcdbtStore(Store):
         """The decoded node at `ref`, which its parent says has `height` (cached)."""
 
         async def load() -> BtreeNode:
+            from ..formats.codecs import decode_step  # (in a worker thread when large)
+
             try:
                 encoded = await _read_exact(self.inner, ref, self.node_limit, where)
                 try:
-                    node = decode_btree_node(encoded, ref.base, self.node_limit)
+                    node = await decode_step(decode_btree_node, encoded, ref.base, self.node_limit)
                 except FormatError as e:
                     raise CorruptShardError(f"{where} ({ref.path} @{ref.offset})", f"B+tree node: {e}") from None
                 if node.height != height:
