@@ -189,6 +189,50 @@ def test_an_orbax_checkpoint_mounts_as_its_arrays(tmp_path, mounts):
         np.testing.assert_array_equal(got, original_zarr(ckpt, name))
 
 
+def test_listings_and_values_match_the_keys_written(tmp_path):
+    """2,000 random keys in nested directories, in a B+tree of 256-byte nodes (several levels):
+    every directory lists exactly the names below it, every value reads back (in-process)."""
+    import tensorstore as ts
+    import trio
+
+    from zvfs.storage.local import LocalStore
+    from zvfs.storage.ocdbt import open_ocdbt
+
+    rng = random.Random(3)
+    words = ["a", "b", "c/d", "c/e", "zarr.json", "x/y/z", "0", "00", "0/1", "c.0"]
+    written: dict[str, bytes] = {}
+    while len(written) < 2000:  # (names of files end in ".v", of directories never)
+        parts = [rng.choice(words) + str(rng.randrange(40)) for _ in range(rng.randint(1, 3))]
+        written["/".join(parts) + ".v"] = rng.randbytes(rng.choice([0, 5, 150]))
+    kv = ts.KvStore.open(wo.ocdbt(tmp_path, max_decoded_node_bytes=256)).result()
+    txn = ts.Transaction()
+    for key, value in written.items():
+        kv.with_transaction(txn).write(key, value)
+    txn.commit_async().result()
+    dirs: dict[str, set] = {}
+    for key in written:
+        parts = key.split("/")
+        for i in range(len(parts)):
+            dirs.setdefault("/".join(parts[:i]), set()).add((parts[i], i < len(parts) - 1))
+
+    async def main():
+        store = await open_ocdbt(LocalStore(str(tmp_path)), None, 1 << 20)
+        assert store.generation.height >= 2
+        for prefix, names in dirs.items():
+            got = await store.list(prefix)
+            assert {(e.name, e.is_dir) for e in got} == names and len(got) == len(names), prefix
+            for e in got:
+                if not e.is_dir:
+                    key = f"{prefix}/{e.name}" if prefix else e.name
+                    assert e.size == len(written[key])
+                    assert await store.read(key) == written[key]
+                    assert await store.read(key, 2, 3) == written[key][2:5]
+        assert await store.read("c/nothing") is None and await store.list("c/nothing") is None
+        await store.aclose()
+
+    trio.run(main)
+
+
 # ------------------------------------------------------------------------------ over HTTP
 
 
