@@ -145,7 +145,7 @@ class OcdbtStore(Store):
         found = await self._lookup(key)
         if found is None:
             return None, None
-        return await self._value(key, *found, start, length, None), self._version(*found)
+        return await self._value(key, *found, start, length, None, exact=True), self._version(*found)
 
     async def read(self, key: str, start: int = 0, length: int | None = None, extent: int | None = None,
                    expect: Version | None = None) -> bytes | None:
@@ -161,7 +161,14 @@ class OcdbtStore(Store):
             raise ShardChanged(key)
         return await self._value(key, *found, start, length, extent)
 
-    async def _value(self, key: str, node: BtreeNode, i: int, start: int, length: int | None, extent: int | None) -> bytes:
+    async def _value(self, key: str, node: BtreeNode, i: int, start: int, length: int | None, extent: int | None,
+                     exact: bool = False) -> bytes:
+        """Bytes of a value. `exact` (`read_version`: shard indexes): the data file's range is
+        read as asked, neither cached nor taken for a step of a walk by the read-ahead below
+        (as the suffix read of a shard's index is in a plain store). Measured over nginx with
+        the index read as a plain range: reading every chunk file of 4096 64 KiB chunks in
+        2048 x 2048 shards took 704 requests against the plain store's 512 (the cached index
+        blocks cut the read-ahead windows that cross them)."""
         size = node.size(i)
         begin = max(0, size + start) if start < 0 else min(start, size)
         end = size if length is None else min(size, begin + length)
@@ -172,7 +179,10 @@ class OcdbtStore(Store):
             return b""
         path, offset = where
         ahead = offset + min(size, extent) if extent else None
-        data = await self.inner.read(path, offset + begin, end - begin, ahead)
+        if exact:
+            data = (await self.inner.read_version(path, offset + begin, end - begin))[0]
+        else:
+            data = await self.inner.read(path, offset + begin, end - begin, ahead)
         if data is None or len(data) != end - begin:
             raise CorruptShardError(f"{key} ({path})", f"data file holds {0 if data is None else 'only part of'} "
                                     f"the {end - begin} bytes its B+tree node locates")
