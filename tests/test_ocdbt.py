@@ -24,7 +24,7 @@ import pytest
 
 import writers_ocdbt as wo
 from conftest import run_zvfs, zvfs_mount
-from servers import S3, Nginx
+from servers import GCS, S3, Nginx
 from zvfs.storage.ocdbt_format import (BTREE_NODE_MAGIC, MANIFEST_MAGIC, VERSION_NODE_MAGIC, FormatError, decode_btree_node, decode_manifest, decode_version_node,
                                        unwrap)
 
@@ -274,12 +274,14 @@ def test_every_view_over_http_reads_like_tensorstore(dbs, nginx, mounts):
         np.testing.assert_array_equal(read(mnt / name, "zarr"), original_zarr(db, name))
 
 
-def test_over_s3(dbs, tmp_path):
-    """The precomputed database in moto's S3 server, in its precomputed view."""
-    server = S3().start()
+@pytest.mark.parametrize("cloud", ["s3", "gs"])
+def test_over_s3_and_gcs(dbs, tmp_path, cloud):
+    """The precomputed database in moto's S3 server and in fake-gcs-server, precomputed view."""
+    server = S3().start() if cloud == "s3" else GCS(tmp_path / "gcs").start()
     try:
         url = server.upload(dbs["root"] / "precomputed", "ocdbt", "precomputed")
-        with zvfs_mount(url, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=(f"endpoint={server.endpoint}",)) as mnt:
+        options = (f"endpoint={server.endpoint}",) if cloud == "s3" else (f"endpoint={server.url}", "anon")
+        with zvfs_mount(url, tmp_path / "mnt", log=tmp_path / "zvfs.log", options=options) as mnt:
             for i in range(2):
                 np.testing.assert_array_equal(read(mnt, "neuroglancer_precomputed", scale_index=i),
                                               np.asarray(wo.precomputed_scale(dbs["root"] / "precomputed", i).read().result()))
