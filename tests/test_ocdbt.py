@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import writers_ocdbt as wo
-from conftest import run_zvfs, zvfs_mount
+from conftest import as_reader, run_zvfs, zvfs_mount
 from servers import GCS, S3, Nginx
 from zvfs.storage.ocdbt_format import (BTREE_NODE_MAGIC, MANIFEST_MAGIC, VERSION_NODE_MAGIC, FormatError, decode_btree_node, decode_manifest, decode_version_node,
                                        unwrap)
@@ -231,6 +231,26 @@ def test_listings_and_values_match_the_keys_written(tmp_path):
         await store.aclose()
 
     trio.run(main)
+
+
+def test_nothing_is_shown_wider_than_the_database(dbs, public_tmp, reader):
+    """Through an allow_other mount, another user reads what the database's files let them:
+    everything when they are 0644 in 0755 directories, nothing when they are 0600."""
+    for closed in (False, True):
+        db = public_tmp / f"db-{closed}"
+        shutil.copytree(dbs["root"] / "precomputed", db)
+        for p in [db, *db.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o600 if closed else 0o644)
+        mnt = public_tmp / f"mnt-{closed}"
+        mnt.mkdir()
+        mnt.chmod(0o755)
+        with zvfs_mount(db, mnt, options=("allow_other",)) as m:
+            name = sorted(os.listdir(m / "s0"))[0]
+            assert (m / "s0" / name).stat().st_mode & 0o777 == (0o400 if closed else 0o444)
+            r = as_reader("cat", m / "s0" / name)
+            assert (r.returncode != 0) == closed, r.stderr
+            if not closed:
+                assert r.stdout == (m / "s0" / name).read_bytes()
 
 
 # ------------------------------------------------------------------------------ over HTTP

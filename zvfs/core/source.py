@@ -44,7 +44,8 @@ class OpenSource:
         """A local store root's bits as a reader sees them, and its owner (nothing for remote
         stores): what nodes that have none of their own show."""
         if not isinstance(self.store, LocalStore):
-            return Stamp()
+            stamp = getattr(self.store, "root_stamp", None)  # a store over a local store (OCDBT)
+            return Stamp(stamp[0], None, stamp[1], stamp[2]) if stamp else Stamp()
         mode, uid, gid = self.store.root_mode()
         return Stamp(mode, None, uid, gid)
 

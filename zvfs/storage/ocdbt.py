@@ -52,6 +52,8 @@ class OcdbtStore(Store):
         self.manifest = manifest
         self.generation = generation
         self.implicit: dict[str, bytes] = {}  # keys shown that the database does not hold (IMPLICIT_ROOT)
+        #: (mode, uid, gid) every node shows, when the store below has them (local): `_stamp`
+        self.root_stamp: tuple[int, int | None, int | None] | None = None
         self.nodes = CoalescingCache(cache_bytes, patience=inner.patience, name=inner.display)
         config = manifest.config
         self.node_limit = min(MAX_NODE, max(1 << 20, 2 * config.max_decoded_node_bytes))
@@ -277,10 +279,28 @@ async def open_ocdbt(store: Store, version: str | None, cache_bytes: int) -> Ocd
         ocdbt.generation = await _pick(ocdbt, version, where)
     if await _arrays_without_root(ocdbt):
         ocdbt.implicit["zarr.json"] = IMPLICIT_ROOT
+    ocdbt.root_stamp = await _stamp(store)
     g = ocdbt.generation
     log.info("%s: OCDBT database, generation %d of %d (committed %s)", store.display, g.number,
              manifest.versions[-1].number, _when(g.commit_ns))
     return ocdbt
+
+
+async def _stamp(store: Store) -> tuple[int, int | None, int | None] | None:
+    """The bits, owner and group the database's keys show (None: the store below has none,
+    remote): the root directory's, less the read bits a reader lacks on `manifest.ocdbt` or the
+    `d` directory (every key is read through them), so that nothing is shown wider than the
+    store (docs/reliability.md, Permissions)."""
+    root = await store.info("")
+    if root is None or root.mode is None:
+        return None
+    mode = root.mode
+    for key in (MANIFEST, "d"):
+        entry = await store.info(key)
+        if entry is not None and entry.mode is not None:
+            read = entry.mode & 0o444
+            mode &= read | (read >> 2)  # a read bit missing closes the directories to that reader too
+    return mode, root.uid, root.gid
 
 
 async def _arrays_without_root(ocdbt: OcdbtStore) -> bool:
