@@ -7,6 +7,8 @@ baselines, with configurations alternated, and reported as a ratio (the machine 
   tensorstore reading the sharded store directly, and `cat` of the shard files.
 - listing: `find` and `ls -lR` over 10^4, 10^5, 10^6 chunk files; mount time at 10^6 chunks.
 - http: the same reads over HTTP (nginx on loopback) with request and byte counts.
+- ocdbt: the same array inside a tensorstore OCDBT database against the plain sharded store,
+  over HTTP (scripts/bench_ocdbt.py).
 - latency: 10 ms added per request by a proxy: 16 readers against one.
 - ml: an ML-style loader: 1, 4 and 16 worker processes read random chunk files of a large
   array through the mount over HTTP with 10 ms per request, against tensorstore reading the
@@ -47,7 +49,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from servers import DelayProxy, Nginx  # noqa: E402
 
-import bench_precomputed as precomputed_bench  # noqa: E402  (scripts/, beside this file)
+import bench_ocdbt as ocdbt_bench  # noqa: E402  (scripts/, beside this file)
+import bench_precomputed as precomputed_bench  # noqa: E402
 
 PY = sys.executable
 ZVFS = [PY, "-m", "zvfs"]
@@ -60,13 +63,14 @@ def log(*a):
 # --------------------------------------------------------------------------- fixtures
 
 
-def write_sharded(path: Path, shape, chunks, shards, dtype="uint8", seed=0) -> None:
-    """Random (incompressible) data, no compressor, written by tensorstore (fast for many chunks)."""
+def write_sharded(path: Path, shape, chunks, shards, dtype="uint8", seed=0, kvstore: dict | None = None) -> None:
+    """Random (incompressible) data, no compressor, written by tensorstore (fast for many chunks);
+    `kvstore`: where to (default: the directory `path`)."""
     import tensorstore as ts
 
     if path.exists():
         return
-    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)},
+    spec = {"driver": "zarr3", "kvstore": kvstore or {"driver": "file", "path": str(path)},
             "metadata": {"shape": list(shape), "data_type": dtype, "fill_value": 0,
                          "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(shards)}},
                          "codecs": [{"name": "sharding_indexed", "configuration": {
@@ -553,6 +557,12 @@ def fmt_views(r, rows):
             f"{base['seconds'] / r['seconds']:.2f} |")
 
 
+def bench_ocdbt(work: Path, runs: int, quick: bool) -> list[dict]:
+    """The http section's array inside an OCDBT database (scripts/bench_ocdbt.py)."""
+    return ocdbt_bench.run(work, runs, quick, write_sharded=write_sharded, mounted=mounted, read_all=read_all,
+                           median=median, peak_rss=peak_rss, nginx=Nginx)
+
+
 def bench_precomputed(work: Path, runs: int, quick: bool) -> list[dict]:
     """Precomputed volumes through the array views (scripts/bench_precomputed.py)."""
     return [{"section": "precomputed", "row": row} for row in precomputed_bench.run(runs, work)]
@@ -824,6 +834,7 @@ SECTIONS = {
     "http": ("Over HTTP (nginx on loopback), 64 KiB chunks: seconds, requests (nginx log), bytes / chunk bytes",
              ["readers", "readahead", "zvfs over HTTP", "ext4 dir", "requests", "chunks per request", "bytes ratio", "RSS MiB"],
              bench_http, fmt_http),
+    "ocdbt": (ocdbt_bench.TITLE, ocdbt_bench.HEADER, bench_ocdbt, ocdbt_bench.fmt),
     "latency": ("10 ms per request (delay proxy), 512 x 64 KiB over HTTP: 1 vs 16 readers, seconds",
                 ["readahead", "1 reader", "16 readers", "speed-up"], bench_latency, fmt_latency),
     "ml": (("ML-style random chunk reads, 10 ms per request: chunks per second and bytes fetched per chunk "
@@ -852,7 +863,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     ap.add_argument("--runs", type=int, help="repetitions per figure (median; default 5, with --quick 1)")
-    ap.add_argument("--only", default="local,listing,dirlisting,http,latency,ml,diskcache,views,precomputed,serve,fsspec")
+    ap.add_argument("--only", default="local,listing,dirlisting,http,ocdbt,latency,ml,diskcache,views,precomputed,serve,fsspec")
     ap.add_argument("--work", default="/var/tmp/zvfs-bench", help="where fixtures are written (kept between runs)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--also", metavar="REV", help="local section: also the zvfs of commit REV, alternated with the others "

@@ -61,6 +61,8 @@ OWN = {
     "allow_root": ("allow_root", "flag", "let root (only) see the mount besides its owner (adds default_permissions)"),
     "follow_symlinks": ("follow_symlinks", "flag", "local stores: follow symlinks that lead outside the store (trusted stores only)"),
     "nonempty": ("nonempty", "flag", "mount on a mount point that holds files (hidden while mounted; refused otherwise)"),
+    "version": ("version", "str", "OCDBT databases: the version to show, a generation number or a commit time in ISO 8601 "
+                                  "(the latest committed then or before; default: the latest)"),
 }
 
 
@@ -95,6 +97,7 @@ class MountOptions:
     umask: int | None = None
     allow_root: bool = False
     nonempty: bool = False
+    version: str | None = None
     ignored: list[str] = field(default_factory=list)
 
 

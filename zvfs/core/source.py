@@ -44,7 +44,8 @@ class OpenSource:
         """A local store root's bits as a reader sees them, and its owner (nothing for remote
         stores): what nodes that have none of their own show."""
         if not isinstance(self.store, LocalStore):
-            return Stamp()
+            stamp = getattr(self.store, "root_stamp", None)  # a store over a local store (OCDBT)
+            return Stamp(stamp[0], None, stamp[1], stamp[2]) if stamp else Stamp()
         mode, uid, gid = self.store.root_mode()
         return Stamp(mode, None, uid, gid)
 
@@ -73,7 +74,10 @@ class OpenSource:
             cache.name = self.store.display
 
     def caches(self) -> dict[str, CoalescingCache]:
-        named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings}
+        from ..storage.ocdbt import OcdbtStore
+
+        nodes = self.store.nodes if isinstance(self.store, OcdbtStore) else None  # an OCDBT database's B+tree nodes
+        named = {"index": self.cache, "decoded": self.decoded, "listings": self.listings, "ocdbt_nodes": nodes}
         return {name: cache for name, cache in named.items() if cache is not None}
 
     def stats(self) -> dict:
@@ -118,13 +122,26 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout,
                        cache_dir=opts.cache_dir, cache_size=opts.cache_size)
     source = store.display  # from here on, only the redacted form is ever shown
-    # the index share of the budget is split between shard indexes and store listings
-    opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),
-                    CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
     try:
-        kind = await detect(_probe(store, opts.max_metadata))
+        # an OCDBT database is a store over the store: probed when nothing else is recognised
+        # (no request more for other stores), or first when -o version asks for one of its versions
+        kind = None if opts.version else await detect(_probe(store, opts.max_metadata))
+        index_share, ocdbt = opts.index_cache // 2, None
         if kind is None:
-            raise MetadataError(source, f"not a recognised store ({RECOGNISED})")
+            from ..storage.ocdbt import open_ocdbt
+
+            ocdbt = await open_ocdbt(store, opts.version, opts.index_cache // 3)
+            if ocdbt is not None:
+                store, index_share = ocdbt, opts.index_cache // 3  # B+tree nodes take a third of the index share
+                kind = await detect(_probe(store, opts.max_metadata))
+            elif opts.version:
+                raise MetadataError(source, "-o version is for OCDBT databases (no manifest.ocdbt at its root)")
+        if kind is None:
+            what = "an OCDBT database whose keys are not" if ocdbt else "not"
+            raise MetadataError(source, f"{what} a recognised store ({RECOGNISED}{'' if ocdbt else ', nor manifest.ocdbt'})")
+        # the index share of the budget is split between shard indexes and store listings
+        opened = Opened(store, CoalescingCache(index_share), CoalescingCache(index_share, keep_oversized=True),
+                        CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
         view = View(opts.view) if opts.view else kind.default_view
         if view not in kind.views:
             raise MetadataError(source, f"view '{view}' is not available for this store (available: {', '.join(kind.views)})")
