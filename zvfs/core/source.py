@@ -110,7 +110,8 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
     protocol = source.split("://", 1)[0] if "://" in source else "file"
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts) | (storage or {}),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
-                       follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout)
+                       follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout,
+                       max_directory=opts.max_metadata, max_inflate=opts.decoded_cache)
     source = store.display  # from here on, only the redacted form is ever shown
     # the index share of the budget is split between shard indexes and store listings
     opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),
