@@ -28,14 +28,20 @@ import pytest
 import trio
 
 from conftest import run_zvfs, zvfs_mount
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fuzz_parsers import MemoryStore, bounded_allocation
 from test_legacy_tools import READ_OME_04, legacy_venvs, run_in  # noqa: F401 - legacy_venvs is a fixture
 from test_remote import nginx, s3, serve, srv, tree  # noqa: F401 - fixtures
 from test_views import read_n5
 from test_views_offline import materialise
 
 from zvfs.core.source import open_source
-from zvfs.errors import MetadataError
+from zvfs.errors import MetadataError, ZvfsError
 from zvfs.options import parse_options
+from zvfs.storage.zipstore import ZipStore
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 pytestmark = pytest.mark.mount
 
@@ -192,6 +198,12 @@ def test_an_archive_over_http_shows_the_local_tree(archives, mounts, srv, nginx,
     assert tree(mounts(url)) == tree(mounts(archives[name]))
 
 
+def test_a_url_of_an_archive_not_named_so_is_recognised_by_its_bytes(archives, mounts, srv, nginx, tmp_path):  # noqa: F811
+    shutil.copy(archives["image.ozx"], archives["image.ozx"].parent / "image-archive")
+    materialise(f"{nginx.url}/{serve(srv, 'zips', archives['image.ozx'].parent)}/image-archive", "zarr", tmp_path / "copy")
+    assert tree(tmp_path / "copy") == tree(mounts(archives["image.ozx"]))
+
+
 def test_an_archive_over_s3_shows_the_local_tree(archives, mounts, s3, tmp_path):  # noqa: F811
     (tmp_path / "up").mkdir()
     shutil.copy(archives["zarr-python.zip"], tmp_path / "up" / "store.zip")
@@ -287,7 +299,8 @@ def test_unusable_archives_are_one_line_and_status_2(archives, damage):
 def test_a_lying_central_directory_costs_only_the_entries_it_lies_about(archives, damage, tmp_path):
     """Chunk entries of the unsharded array (deflated): one whose compressed size reaches into
     the next entry, one whose offset is past the central directory, two at one offset, one
-    whose deflate data is flipped; every other file reads right, the daemon stays up."""
+    whose deflate data is flipped, and an entry count of 65535 in the end record; every other
+    file reads right, the daemon stays up."""
     good = archives["deflated.zip"].read_bytes()
     z = zipfile.ZipFile(archives["deflated.zip"])
     info = {i.filename: i for i in z.infolist()}
@@ -295,6 +308,8 @@ def test_a_lying_central_directory_costs_only_the_entries_it_lies_about(archives
                             "plain/c/0/1": {"lho": len(good) + 100},
                             "plain/c/1/1": {"lho": info["plain/c/1/0"].header_offset}})
     data = bytearray(data)
+    end = data.rfind(b"PK\x05\x06")
+    data[end + 8:end + 12] = b"\xff" * 4  # 65535 entries, says the end record: the central directory's bytes count
     flip = info["plain/c/2/2"]
     data[flip.header_offset + 30 + len(flip.filename) + 2] ^= 0xFF
     (damage / "lies.zip").write_bytes(bytes(data))
@@ -315,7 +330,7 @@ def test_a_lying_central_directory_costs_only_the_entries_it_lies_about(archives
     assert log.count("CRC-32") + log.count("deflate data") == 1, log
 
 
-def test_a_rewritten_archive_is_read_anew(tmp_path):
+def test_a_rewritten_archive_is_read_anew_and_shows_its_bits(tmp_path):
     import zarr
     from zarr.storage import ZipStore
 
@@ -325,8 +340,57 @@ def test_a_rewritten_archive_is_read_anew(tmp_path):
         store.close()
 
     write(tmp_path / "a.zip", 1)
+    os.chmod(tmp_path / "a.zip", 0o640)
     with zvfs_mount(tmp_path / "a.zip", tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
         assert np.asarray(zarr.open_array(mnt, mode="r")[...]).tolist() == [1] * 16
+        # nothing wider than the archive: its read bits as a reader has them (pytest's 0700
+        # directories above it stop group and others), and search bits where readable
+        assert [os.stat(p).st_mode & 0o777 for p in (mnt, mnt / "c", mnt / "zarr.json", mnt / "c/0")] == \
+            [0o500, 0o500, 0o400, 0o400]
         write(tmp_path / "b.zip", 2)
         os.replace(tmp_path / "b.zip", tmp_path / "a.zip")
         assert np.asarray(zarr.open_array(mnt, mode="r")[...]).tolist() == [2] * 16
+
+
+def small_archive() -> tuple[bytes, dict[str, bytes]]:
+    import io
+
+    files = {"zarr.json": b'{"zarr_format": 3, "node_type": "group"}', "a/b": bytes(range(200)) * 3, "a/c": b"x" * 700,
+             "d/e/f": b"stored"}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data, zipfile.ZIP_STORED if name.startswith("d") else zipfile.ZIP_DEFLATED)
+    return buf.getvalue(), files
+
+
+ARCHIVE, FILES = small_archive()
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, len(ARCHIVE) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+       st.sampled_from([0, 1, 2, 8]))
+def test_a_corrupted_archive_gives_its_bytes_or_an_error(changes, cut):
+    """Random bytes of a small archive overwritten (the central directory and end records
+    56% of its bytes are local headers, central directory and end records), its end cut at times: every entry reads as written, is absent,
+    or is a ZvfsError (EIO, or a one-line refusal); never other bytes, another exception, or
+    a large allocation."""
+    data = bytearray(ARCHIVE)
+    for at, value in changes:
+        data[at] = value
+    store = ZipStore(MemoryStore({"a.zip": bytes(data[:len(data) - cut])}), "a.zip", "a.zip", max_directory=1 << 20,
+                     max_inflate=1 << 20)
+
+    async def read_all():
+        for name, want in FILES.items():
+            try:
+                got = await store.read(name)
+            except ZvfsError:
+                continue
+            assert got is None or got == want, name
+        try:
+            await store.list("a")
+        except ZvfsError:
+            pass
+
+    bounded_allocation(lambda: trio.run(read_all), 8 << 20)

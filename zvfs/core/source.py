@@ -17,6 +17,7 @@ from ..storage import Store
 from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.local import LocalStore
 from ..storage.open import open_store
+from ..storage.zipstore import zip_object
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 
@@ -41,11 +42,12 @@ class OpenSource:
 
     @property
     def root(self) -> Stamp:
-        """A local store root's bits as a reader sees them, and its owner (nothing for remote
-        stores): what nodes that have none of their own show."""
-        if not isinstance(self.store, LocalStore):
+        """A local store root's bits as a reader sees them, and its owner (an archive's: its
+        file's; nothing for remote stores): what nodes that have none of their own show."""
+        root_mode = getattr(self.store, "root_mode", None)  # local stores, archives in local files
+        if root_mode is None:
             return Stamp()
-        mode, uid, gid = self.store.root_mode()
+        mode, uid, gid = root_mode()
         return Stamp(mode, None, uid, gid)
 
     @property
@@ -118,6 +120,9 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
                     CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
     try:
         kind = await detect(_probe(store, opts.max_metadata))
+        if kind is None and (zipped := await zip_object(store, opts.max_metadata, opts.decoded_cache)) is not None:
+            store = opened.store = zipped  # (a URL of a zip archive not named .zip or .ozx)
+            kind = await detect(_probe(store, opts.max_metadata))
         if kind is None:
             raise MetadataError(source, f"not a recognised store ({RECOGNISED})")
         view = View(opts.view) if opts.view else kind.default_view
