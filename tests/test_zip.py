@@ -39,6 +39,7 @@ from test_views_offline import materialise
 from zvfs.core.source import open_source
 from zvfs.errors import MetadataError, ZvfsError
 from zvfs.options import parse_options
+from zvfs.storage.cache import CoalescingCache, decoded_size
 from zvfs.storage.zipstore import ZipStore
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -379,7 +380,7 @@ def test_a_corrupted_archive_gives_its_bytes_or_an_error(changes, cut):
     for at, value in changes:
         data[at] = value
     store = ZipStore(MemoryStore({"a.zip": bytes(data[:len(data) - cut])}), "a.zip", "a.zip", max_directory=1 << 20,
-                     max_inflate=1 << 20)
+                     inflated=CoalescingCache(1 << 20, decoded_size))
 
     async def read_all():
         for name, want in FILES.items():
@@ -394,3 +395,25 @@ def test_a_corrupted_archive_gives_its_bytes_or_an_error(changes, cut):
             pass
 
     bounded_allocation(lambda: trio.run(read_all), 8 << 20)
+
+
+def test_inflating_stays_within_the_declared_size_and_the_cache():
+    """A deflated entry of 64 MiB of zeros (64 KiB deflated): declared as it is, it is larger
+    than the decoded cache and refused before anything is inflated; declared as 100 bytes,
+    inflation stops after 101. Both EIO, with less than 2 MiB allocated."""
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("big", bytes(64 << 20))
+        z.writestr("liar", bytes(64 << 20))
+    data = damaged(buf.getvalue(), liar={"usize": 100})
+    store = ZipStore(MemoryStore({"a.zip": data}), "a.zip", "a.zip", inflated=CoalescingCache(1 << 20, decoded_size))
+
+    async def read(name):
+        with pytest.raises(ZvfsError) as e:
+            await store.read(name)
+        return str(e.value)
+
+    assert "more than the decoded cache" in bounded_allocation(lambda: trio.run(read, "big"), 2 << 20)
+    assert "101+ bytes for 100" in bounded_allocation(lambda: trio.run(read, "liar"), 2 << 20)

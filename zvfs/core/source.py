@@ -110,17 +110,18 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
     front's target options)."""
     opts = resolve_caches(opts or MountOptions())
     protocol = source.split("://", 1)[0] if "://" in source else "file"
+    decoded = CoalescingCache(opts.decoded_cache, decoded_size)  # (archives keep their inflated entries in it too)
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts) | (storage or {}),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout,
-                       max_directory=opts.max_metadata, max_inflate=opts.decoded_cache)
+                       max_directory=opts.max_metadata, inflated=decoded)
     source = store.display  # from here on, only the redacted form is ever shown
     # the index share of the budget is split between shard indexes and store listings
     opened = Opened(store, CoalescingCache(opts.index_cache // 2), CoalescingCache(opts.index_cache // 2, keep_oversized=True),
-                    CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
+                    decoded, opts.n5_compression, max_metadata=opts.max_metadata)
     try:
         kind = await detect(_probe(store, opts.max_metadata))
-        if kind is None and (zipped := await zip_object(store, opts.max_metadata, opts.decoded_cache)) is not None:
+        if kind is None and (zipped := await zip_object(store, opts.max_metadata, decoded)) is not None:
             store = opened.store = zipped  # (a URL of a zip archive not named .zip or .ozx)
             kind = await detect(_probe(store, opts.max_metadata))
         if kind is None:

@@ -6,6 +6,7 @@ import os
 
 from ..errors import MetadataError
 from .base import Store
+from .cache import CoalescingCache
 from .local import LocalStore
 from .urls import redact
 from .zipstore import ZipStore, zip_named
@@ -14,19 +15,19 @@ from .zipstore import ZipStore, zip_named
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
                readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0,
                follow_symlinks: bool = False, request_timeout: float = 20.0, max_directory: int = 64 << 20,
-               max_inflate: int = 64 << 20) -> Store:
+               inflated: CoalescingCache | None = None) -> Store:
     """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
     `deadline` seconds, `request_timeout` seconds per attempt, and read-ahead that follows the
     access pattern (windows up to `readahead` bytes, 0 to disable) over a `block_cache`-byte
     cache. A local file, or a URL named `.zip` or `.ozx`, is a zip archive (zipstore.py: its
-    central directory held within `max_directory` bytes, deflated entries up to `max_inflate`)."""
+    central directory held within `max_directory` bytes, deflated entries kept in `inflated`)."""
     if "://" not in source or source.startswith("file://"):
         path = source.removeprefix("file://")
         if not os.path.exists(path):
             raise MetadataError(source, "no such file or directory")
         if os.path.isfile(path):
             real = os.path.realpath(path)
-            return ZipStore(LocalStore(os.path.dirname(real)), os.path.basename(real), path, max_directory, max_inflate)
+            return ZipStore(LocalStore(os.path.dirname(real)), os.path.basename(real), path, max_directory, inflated)
         if not os.path.isdir(path):
             raise MetadataError(source, "not a directory")
         return LocalStore(path, follow_symlinks=follow_symlinks)
@@ -53,4 +54,4 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
                         request_timeout=request_timeout)
     store = CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store
-    return ZipStore(store, "", store.display, max_directory, max_inflate) if zip_named(source) else store
+    return ZipStore(store, "", store.display, max_directory, inflated) if zip_named(source) else store

@@ -10,8 +10,8 @@ with one range read. Entries are located from it; an entry's first read also rea
 header (its name and extra field lengths may differ from the central directory's: the data
 offset is kept afterwards), together with the entry itself when it is small (`SMALL`), so
 reading a small entry costs one request. Stored entries are read by range; deflated ones
-whole (bounded by their declared size and `max_inflate`, CRC-32 checked), kept in a cache of
-their own. Other methods and encrypted entries are EIO, with one log line.
+whole (CRC-32 checked; an entry declared larger than the cache is EIO, and its inflation stops
+at the declared size), kept in the mount's cache of decoded data. Other methods and encrypted entries are EIO, with one log line.
 
 Every entry's version is derived from the archive's (its tag holds the archive's tag): a
 rewritten or replaced archive gives every entry a new version, so nothing located in the old
@@ -283,16 +283,16 @@ class ZipStore(Store):
     """The entries of the archive `key` of `inner` (`key` "": the inner store's root object)."""
 
     def __init__(self, inner: Store, key: str, display: str, max_directory: int = 64 << 20,
-                 max_inflate: int = 64 << 20):
+                 inflated: CoalescingCache | None = None):
         self.inner = inner
         self.key = key
         self.display = display
         self.max_directory = max_directory
-        self.max_inflate = max_inflate
         self._dir: Directory | None = None
         self._opened = False  # a central directory was read: later problems are EIO, not refusals
         self._loading = trio.Lock()
-        self._inflated = CoalescingCache(max_inflate, decoded_size)
+        #: inflated entries (the mount's decoded cache: they count in its share of the budget)
+        self.inflated = inflated if inflated is not None else CoalescingCache(64 << 20, decoded_size)
 
     @property
     def patience(self) -> float:  # type: ignore[override]
@@ -398,7 +398,8 @@ class ZipStore(Store):
             start = min(start, size)
             end = size if length is None else min(size, start + length)
         if d.method[i] == DEFLATED:
-            data = await self._inflated.get((key, d.version.size, d.version.tag, i), lambda: self._inflate(d, i, key))
+            data = await self.inflated.get(("zip", self.key, key, d.version.size, d.version.tag, i),
+                                           lambda: self._inflate(d, i, key))
             return data[start:end]
         whole = size <= SMALL
         off, data = await self._locate(d, i, key, whole)
@@ -414,9 +415,10 @@ class ZipStore(Store):
 
     async def _inflate(self, d: Directory, i: int, key: str) -> bytes:
         usize, csize = d.usize[i], d.csize[i]
-        if usize > self.max_inflate or csize > self.max_inflate:
-            raise self._failed(key, f"a deflated entry of {usize} bytes: more than the {self.max_inflate} bytes "
-                                    "an entry may take inflated (decoded_cache)", corrupt=False)
+        limit = self.inflated.max_bytes
+        if usize > limit or csize > limit:
+            raise self._failed(key, f"a deflated entry of {usize} bytes: more than the decoded cache ({limit} bytes) "
+                                    "holds", corrupt=False)
         off, data = await self._locate(d, i, key, True)
         if data is None:
             data = await self._bytes(d, off, csize)
@@ -501,7 +503,7 @@ class ZipStore(Store):
         await self.inner.aclose()
 
 
-async def zip_object(store: Store, max_directory: int, max_inflate: int) -> ZipStore | None:
+async def zip_object(store: Store, max_directory: int, inflated: CoalescingCache | None = None) -> ZipStore | None:
     """The store's root object as a zip archive, where it is one (its first bytes are a local
     header, or the end record of an empty archive): a URL of an archive not named so. Local
     files are opened as archives by `open_store` already."""
@@ -511,7 +513,7 @@ async def zip_object(store: Store, max_directory: int, max_inflate: int) -> ZipS
         head = await store.read("", 0, 4)
     except ZvfsError:
         return None
-    return ZipStore(store, "", store.display, max_directory, max_inflate) if head in (SIG_LOC, SIG_EOCD) else None
+    return ZipStore(store, "", store.display, max_directory, inflated) if head in (SIG_LOC, SIG_EOCD) else None
 
 
 def zip_named(source: str) -> bool:
