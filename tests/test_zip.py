@@ -246,6 +246,28 @@ def test_request_economy_over_http(srv, nginx, mounts, tmp_path_factory):  # noq
         assert len(reqs) == 1 and reqs[0].nbytes == 4096, reqs
 
 
+def test_cp_r_of_an_archive_over_http_fetches_its_bytes_once(srv, nginx, mounts, tmp_path_factory):  # noqa: F811
+    """16 shards of 64 KiB chunks in one archive, `cp -r` with the default read-ahead: at most
+    1.1x the chunk bytes (a variant that read the local headers outside the read-ahead's
+    streams, below the archive, fetched 2.0x in windows that ran across shards and overlapped)."""
+    import subprocess
+
+    import zarr
+    from zarr.storage import ZipStore
+
+    d = tmp_path_factory.mktemp("walk-zip")
+    want = np.random.default_rng(6).integers(1, 255, size=(1024, 1024), dtype="uint8")
+    store = ZipStore(d / "a.zip", mode="w")
+    zarr.create_array(store, shape=want.shape, chunks=(64, 64), shards=(256, 256), dtype="uint8", compressors=None)[...] = want
+    store.close()
+    mnt = mounts(f"{nginx.url}/{serve(srv, 'walk-zip', d)}/a.zip")
+    mark = nginx.mark()
+    subprocess.run(["cp", "-r", str(mnt), str(d / "copy")], check=True)
+    fetched = sum(r.nbytes for r in nginx.requests(mark))
+    assert fetched <= 1.1 * want.nbytes, fetched / want.nbytes
+    assert np.array_equal(np.asarray(zarr.open_array(d / "copy", mode="r")[...]), want)
+
+
 # --------------------------------------------------------------------------- damaged archives
 
 

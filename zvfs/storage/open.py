@@ -53,5 +53,6 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         raise MetadataError(redact(source), f"cannot open: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
                         request_timeout=request_timeout)
-    store = CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store
-    return ZipStore(store, "", store.display, max_directory, inflated) if zip_named(source) else store
+    if zip_named(source):  # (read-ahead above the archive: its streams and blocks are the entries')
+        store = ZipStore(store, "", store.display, max_directory, inflated)
+    return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store

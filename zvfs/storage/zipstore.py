@@ -344,12 +344,15 @@ class ZipStore(Store):
                         ", ".join(map(repr, d.skipped)))
         return d
 
-    async def _bytes(self, d: Directory, start: int, length: int, extent: int | None = None) -> bytes | None:
+    async def _bytes(self, d: Directory, start: int, length: int, extent: int | None = None) -> bytes:
         """Bytes of the archive `d` was read from (from its tail where they are in it)."""
         t = start - d.tail_start
         if t >= 0 and t + length <= len(d.tail):
             return d.tail[t:t + length]
-        return await self.inner.read(self.key, start, length, extent=extent, expect=d.version)
+        data = await self.inner.read(self.key, start, length, extent=extent, expect=d.version)
+        if data is None or len(data) != length:
+            raise ShardChanged(self.key, "cut short while mounted")
+        return data
 
     def _forget(self, d: Directory) -> None:
         if self._dir is d:
@@ -374,7 +377,7 @@ class ZipStore(Store):
         name = d.stored_name(i)
         want = LOC.size + len(name) + SLACK + (csize if whole else 0)
         head = await self._bytes(d, lho, min(want, limit - lho))
-        if head is None or len(head) < LOC.size + len(name) or head[:4] != SIG_LOC:
+        if len(head) < LOC.size + len(name) or head[:4] != SIG_LOC:
             raise self._failed(key, f"no local header at {lho}")
         nlen, elen = LOC.unpack_from(head)[-2:]
         if head[LOC.size:LOC.size + nlen] != name:
@@ -397,6 +400,8 @@ class ZipStore(Store):
         else:
             start = min(start, size)
             end = size if length is None else min(size, start + length)
+        if end <= start:
+            return b""
         if d.method[i] == DEFLATED:
             data = await self.inflated.get(("zip", self.key, key, d.version.size, d.version.tag, i),
                                            lambda: self._inflate(d, i, key))
@@ -406,8 +411,6 @@ class ZipStore(Store):
         if data is None:
             stop = off + (end if extent is None else max(end, min(size, extent)))
             data = await self._bytes(d, off + start, end - start, extent=stop)
-            if data is None or len(data) != end - start:
-                raise ShardChanged(self.key, "cut short while mounted")
             whole, start, end = start == 0 and end == size, 0, end - start
         if whole and zlib.crc32(data) != d.crc[i]:
             raise self._failed(key, "CRC-32 mismatch")
@@ -422,8 +425,6 @@ class ZipStore(Store):
         off, data = await self._locate(d, i, key, True)
         if data is None:
             data = await self._bytes(d, off, csize)
-            if data is None or len(data) != csize:
-                raise ShardChanged(self.key, "cut short while mounted")
         if usize >= THREADED:
             out = await trio.to_thread.run_sync(inflate, data, usize, d.crc[i])
         else:
@@ -503,17 +504,25 @@ class ZipStore(Store):
         await self.inner.aclose()
 
 
-async def zip_object(store: Store, max_directory: int, inflated: CoalescingCache | None = None) -> ZipStore | None:
+async def zip_object(store: Store, max_directory: int, inflated: CoalescingCache | None = None) -> Store | None:
     """The store's root object as a zip archive, where it is one (its first bytes are a local
-    header, or the end record of an empty archive): a URL of an archive not named so. Local
-    files are opened as archives by `open_store` already."""
-    if isinstance(store, (ZipStore, LocalStore)):
+    header, or the end record of an empty archive): a URL of an archive not named so, read
+    as `open_store` reads one (read-ahead above the archive). Local files are opened as
+    archives by `open_store` already."""
+    from .readahead import CoalescingStore  # (with the remote stores: only for URLs)
+
+    coalescing = store if isinstance(store, CoalescingStore) else None
+    below = store.inner if coalescing is not None else store
+    if isinstance(below, (ZipStore, LocalStore)):
         return None
     try:
-        head = await store.read("", 0, 4)
+        head = await below.read("", 0, 4)
     except ZvfsError:
         return None
-    return ZipStore(store, "", store.display, max_directory, inflated) if head in (SIG_LOC, SIG_EOCD) else None
+    if head not in (SIG_LOC, SIG_EOCD):
+        return None
+    archive = ZipStore(below, "", store.display, max_directory, inflated)
+    return archive if coalescing is None else CoalescingStore(archive, coalescing.window, coalescing.cache_bytes)
 
 
 def zip_named(source: str) -> bool:
