@@ -1,17 +1,22 @@
 """Zip archives as sources (storage/zipstore.py): zipped OME-Zarr (`.ozx`) written by ngff-zarr,
-zarr-python's `ZipStore`, Python's `zipfile` with deflate, and a ZIP64 archive, mounted from a
-local file, over HTTP (nginx) and S3 (moto), in every view.
+zarr-python's `ZipStore`, Python's `zipfile` with deflate, and a ZIP64 archive (zipfile past
+its lowered limits), mounted from a local file, over HTTP (nginx) and S3 (moto).
 
-- Each archive's mount, in each view, is byte for byte the mount of the same store unzipped
-  (which the other tests check against zarr-python, tensorstore and the legacy tools), and
-  zarr-python reads every array through the mount as it reads it from the archive itself;
-  ome-zarr-py 0.9 finds the image in the zarr2 view of the `.ozx`.
+- Each archive's mount is byte for byte the same store unzipped, in the zarr view through
+  FUSE, in the zarr2 and n5 views through the core (the store unzipped is what the other
+  tests check against zarr-python, tensorstore and the legacy tools); zarr-python reads every
+  array through the mount as it reads it from the archive, and for the `.ozx` through its
+  zarr2 view, tensorstore through its n5 view; ome-zarr-py 0.9 finds the image in its zarr2
+  view. A URL of an archive not named `.zip`/`.ozx` is recognised by its first bytes.
 - Request economy, counted at nginx: opening reads the central directory with one request;
-  a chunk costs its data range, plus once per shard its local header and its index.
+  a chunk costs its data range, plus once per shard its local header and its index; `cp -r`
+  fetches at most 1.1x the bytes.
 - Damaged archives: one line and exit 2 at mount time (no zip, cut short, a central directory
-  that overlaps its end record or exceeds max_metadata), or EIO for the entries a lying
-  central directory concerns while the others read (sizes or offsets past the next entry, two
-  entries at one offset, bad deflate data); a rewritten archive is read anew.
+  that overlaps its end record, that does not parse, or exceeds max_metadata), or EIO for the
+  entries a lying central directory concerns while the others read (sizes or offsets past the
+  next entry, two entries at one offset, bad deflate data, a false entry count); random
+  corruptions; deflate bombs stop at the declared size. A rewritten archive is read anew, and
+  the mount shows nothing wider than the archive's bits.
 """
 
 from __future__ import annotations
