@@ -526,6 +526,6 @@ async def zip_object(store: Store, max_directory: int, inflated: CoalescingCache
 
 
 def zip_named(source: str) -> bool:
-    """A URL (or path) whose name says it is a zip archive (an `.ozx`, a `.zip`)."""
-    path = source.split("?", 1)[0].rstrip("/").lower()
-    return path.endswith((".zip", ".ozx"))
+    """A URL whose name says it is a zip archive (an `.ozx`, a `.zip`; with a final `/`, a
+    directory of that name)."""
+    return source.split("?", 1)[0].lower().endswith((".zip", ".ozx"))
