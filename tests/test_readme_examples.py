@@ -4,7 +4,8 @@ is what the README says it is (a valid OME-Zarr 0.5 image beside a plain array).
 Every line of every code block in README.md (but the file map under "Layout") is classified;
 a line of no known kind fails the test, so a new example is either run here or excused here
 with its reason. Examples run in the README's order, as a user would type them: `/data/brain.zarr`
-is the sample, `/data/image.ome.zarr` its `raw` image (the README says so), each `/mnt/NAME` a
+is the sample, `/data/image.ome.zarr` its `raw` image (the README says so), `/data/image.ozx`
+that image zipped, each `/mnt/NAME` a
 fresh directory; `python` is the interpreter that has the example's library (zarr-python and
 tensorstore in this venv; ome-zarr-py 0.9 and z5py in the venv `scripts/setup-legacy` makes). A
 mount of a remote placeholder (`s3://bucket/...`, `https://host/...`) has no server behind it: it
@@ -42,6 +43,17 @@ PLACEHOLDERS = {"SOURCE", "MOUNTPOINT", "PATH", "SHELL"}
 README_SERVER = "127.0.0.1:8080"
 #: what only the legacy venv has (an OME-NGFF 0.4 reader, an N5 reader, zarr-python 2.18)
 LEGACY = ("ome_zarr", "z5py", "FSStore")
+
+
+def zipped(directory: Path, archive: Path) -> Path:
+    """The directory as a zip archive (stored entries, as an `.ozx` holds them)."""
+    import zipfile
+
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file():
+                z.write(path, path.relative_to(directory).as_posix())
+    return archive
 
 
 def code_lines() -> list[tuple[str, str]]:
@@ -107,6 +119,7 @@ class Run:
 
     def __init__(self, tmp_path: Path, venvs: Path):
         self.tmp, self.venvs = tmp_path, venvs
+        self.sources = {**SOURCES, "/data/image.ozx": str(zipped(Path(SAMPLE) / "raw", tmp_path / "image.ozx"))}
         self.dirs: dict[str, Path] = {}
         self.unavailable: set[str] = set()  # mount points of placeholder remote stores
         self.default_view: dict[str, str] = {}  # mount point -> source, for mounts of the default view
@@ -121,7 +134,7 @@ class Run:
         return self.dirs[name]
 
     def local(self, text: str) -> str:
-        for placeholder, real in sorted(SOURCES.items(), key=lambda kv: -len(kv[0])):
+        for placeholder, real in sorted(self.sources.items(), key=lambda kv: -len(kv[0])):
             text = text.replace(placeholder, real)
         if self.served:
             text = text.replace(README_SERVER, self.served)

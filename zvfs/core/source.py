@@ -17,6 +17,7 @@ from ..storage import Store
 from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.local import LocalStore
 from ..storage.open import open_store
+from ..storage.zipstore import zip_object
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 
@@ -41,13 +42,15 @@ class OpenSource:
 
     @property
     def root(self) -> Stamp:
-        """A local store root's bits as a reader sees them, and its owner (nothing for remote
-        stores): what nodes that have none of their own show."""
-        if not isinstance(self.store, LocalStore):
-            stamp = getattr(self.store, "root_stamp", None)  # a store over a local store (OCDBT)
-            return Stamp(stamp[0], None, stamp[1], stamp[2]) if stamp else Stamp()
-        mode, uid, gid = self.store.root_mode()
-        return Stamp(mode, None, uid, gid)
+        """A local store root's bits as a reader sees them, and its owner (an archive's: its
+        file's; a store over a local store's: what it says; nothing for remote stores): what
+        nodes that have none of their own show."""
+        root_mode = getattr(self.store, "root_mode", None)  # local stores, archives in local files
+        if root_mode is not None:
+            mode, uid, gid = root_mode()
+            return Stamp(mode, None, uid, gid)
+        stamp = getattr(self.store, "root_stamp", None)  # a store over a local store (OCDBT)
+        return Stamp(stamp[0], None, stamp[1], stamp[2]) if stamp else Stamp()
 
     @property
     def local(self) -> bool:
@@ -117,16 +120,20 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
     front's target options)."""
     opts = resolve_caches(opts or MountOptions())
     protocol = source.split("://", 1)[0] if "://" in source else "file"
+    decoded = CoalescingCache(opts.decoded_cache, decoded_size)  # (archives keep their inflated entries in it too)
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts) | (storage or {}),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout,
-                       cache_dir=opts.cache_dir, cache_size=opts.cache_size)
+                       max_directory=opts.max_metadata, inflated=decoded, cache_dir=opts.cache_dir, cache_size=opts.cache_size)
     source = store.display  # from here on, only the redacted form is ever shown
     try:
         # an OCDBT database is a store over the store: probed when nothing else is recognised
         # (no request more for other stores), or first when -o version asks for one of its versions
         kind = None if opts.version else await detect(_probe(store, opts.max_metadata))
         index_share, ocdbt = opts.index_cache // 2, None
+        if kind is None and not opts.version and (zipped := await zip_object(store, opts.max_metadata, decoded)) is not None:
+            store = zipped  # (a URL of a zip archive not named .zip or .ozx)
+            kind = await detect(_probe(store, opts.max_metadata))
         if kind is None:
             from ..storage.ocdbt import open_ocdbt
 
@@ -141,7 +148,7 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
             raise MetadataError(source, f"{what} a recognised store ({RECOGNISED}{'' if ocdbt else ', nor manifest.ocdbt'})")
         # the index share of the budget is split between shard indexes and store listings
         opened = Opened(store, CoalescingCache(index_share), CoalescingCache(index_share, keep_oversized=True),
-                        CoalescingCache(opts.decoded_cache, decoded_size), opts.n5_compression, max_metadata=opts.max_metadata)
+                        decoded, opts.n5_compression, max_metadata=opts.max_metadata)
         view = View(opts.view) if opts.view else kind.default_view
         if view not in kind.views:
             raise MetadataError(source, f"view '{view}' is not available for this store (available: {', '.join(kind.views)})")

@@ -7,23 +7,31 @@ import os
 
 from ..errors import MetadataError
 from .base import Store
+from .cache import CoalescingCache
 from .local import LocalStore
 from .urls import redact
+from .zipstore import ZipStore, zip_named
 
 
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
                readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0,
-               follow_symlinks: bool = False, request_timeout: float = 20.0, cache_dir: str | None = None,
+               follow_symlinks: bool = False, request_timeout: float = 20.0, max_directory: int = 64 << 20,
+               inflated: CoalescingCache | None = None, cache_dir: str | None = None,
                cache_size: int | None = None) -> Store:
     """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
     `deadline` seconds, `request_timeout` seconds per attempt, and read-ahead that follows the
     access pattern (windows up to `readahead` bytes, 0 to disable) over a `block_cache`-byte
     cache, and with `cache_dir` over a persistent disk cache of `cache_size` bytes (diskcache.py;
-    local stores have none: they are on disk already)."""
+    local stores have none: they are on disk already). A local file, or a URL named `.zip` or
+    `.ozx`, is a zip archive (zipstore.py: its central directory held within `max_directory`
+    bytes, deflated entries kept in `inflated`)."""
     if "://" not in source or source.startswith("file://"):
         path = source.removeprefix("file://")
         if not os.path.exists(path):
             raise MetadataError(source, "no such file or directory")
+        if os.path.isfile(path):
+            real = os.path.realpath(path)
+            return ZipStore(LocalStore(os.path.dirname(real)), os.path.basename(real), path, max_directory, inflated)
         if not os.path.isdir(path):
             raise MetadataError(source, "not a directory")
         return LocalStore(path, follow_symlinks=follow_symlinks)
@@ -64,4 +72,6 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         else:
             endpoint = (storage_options or {}).get("endpoint_url") or ""
             store = DiskCachedStore(store, cache, identity=f"{store.display} {endpoint}")
+    if zip_named(source):  # (read-ahead above the archive: its streams and blocks are the entries')
+        store = ZipStore(store, "", store.display, max_directory, inflated)
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store
