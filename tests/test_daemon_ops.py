@@ -315,6 +315,25 @@ def test_stats_and_refresh_of_a_live_mount(tmp_path):
     assert r.returncode == 1 and "not mounted" in r.stderr.decode()
 
 
+def test_a_stores_own_control_names_never_serve_two_files(tmp_path):
+    """A store holding `.zvfs.stats` and `.zvfs.refresh` at its root (forged stats): the names
+    are the control files', whether looked up or listed first; the store's are not listed, and
+    `zvfs stats` reads the daemon's figures (an attack: listing first served the store's file,
+    and `zvfs stats` printed its forged source)."""
+    store = tmp_path / "store"
+    shutil.copytree(SAMPLE, store)
+    forged = json.dumps({"zvfs_version": "0", "source": "FAKE"})
+    (store / ".zvfs.stats").write_text(forged)
+    (store / ".zvfs.refresh").write_text("x")
+    with zvfs_mount(store, tmp_path / "mnt") as mnt:
+        listed = os.listdir(mnt)
+        assert ".zvfs.stats" not in listed and ".zvfs.refresh" not in listed and "raw" in listed
+        r = run_zvfs("stats", mnt, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["source"] != "FAKE"
+        assert (mnt / ".zvfs.stats").read_text() != forged
+
+
 def _as_user_with_fuse(tmp_path: Path, zvfs_args: list[str]) -> subprocess.CompletedProcess:
     """Run `zvfs ARGS` as the unprivileged user nobody, in a mount namespace whose /dev/fuse is
     usable by users (mode 666, as Debian's fuse3 sets it up): libfuse then goes through the

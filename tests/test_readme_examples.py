@@ -38,7 +38,7 @@ SOURCES = {"/data/brain.zarr": SAMPLE, "/data/image.ome.zarr": f"{SAMPLE}/raw"}
 REMOTE = re.compile(r"^[a-z0-9]+://")
 MOUNT_POINT = re.compile(r"/mnt/\w+")
 #: words that mark a synopsis line (a placeholder the user fills in), not an example
-PLACEHOLDERS = {"SOURCE", "MOUNTPOINT", "PATH", "SHELL"}
+PLACEHOLDERS = {"SOURCE", "MOUNTPOINT", "PATH", "SHELL", "DIR"}
 #: the address `zvfs serve` examples listen on (its default)
 README_SERVER = "127.0.0.1:8080"
 #: what only the legacy venv has (an OME-NGFF 0.4 reader, an N5 reader, zarr-python 2.18)
@@ -180,11 +180,12 @@ class Run:
         mount = _mount_args(words)
         if mount is not None and REMOTE.match(mount[0]):
             self.unavailable.add(mount[1])
+            self.unavailable.update(re.findall(r"cache_dir=([^,\s]+)", line))  # (`zvfs cache DIR` needs that mount)
             self.skipped.append(f"{line}  (a placeholder remote store)")
             return
         if mount is not None:  # a local store mounted there now
             self.unavailable.discard(mount[1])
-        if any(p in self.unavailable for p in points):
+        if any(p in self.unavailable for p in points) or words[:2] == ["zvfs", "cache"] and words[2] in self.unavailable:
             self.skipped.append(f"{line}  (uses the mount of a placeholder remote store)")
             return
         if mount is not None:

@@ -328,7 +328,12 @@ class ZvfsOperations(pyfuse3.Operations):
         shown: dict[tuple[bool, int | None], int] = {}  # (is_dir, the store's bits) -> st_mode
         reply, told, cached, last_stamp, held = pyfuse3.readdir_reply, self.kernel.told_about, self.kernel.cached, None, None
         names, inos, dirs, sizes, stamps, tokens = window
+        # a store's own `.zvfs.stats` or `.zvfs.refresh` at the root is not listed: the name is
+        # the control file's (lookup), and one name never serves two files
+        hidden = CONTROL_INOS if node is self.tree.root else ()
         for j in range(start_id - at, len(names)):
+            if hidden and names[j] in hidden:
+                continue
             is_dir, stamp, size, ino = dirs[j], stamps[j], sizes[j], inos[j]
             a.st_ino = ino
             st_mode = shown.get((is_dir, stamp.mode))
