@@ -362,3 +362,14 @@ def test_the_query_string_is_part_of_the_identity(served, tmp_path):
     r = zvfs_cat(f"{nginx.url}/a.zarr?v=2", COORDS[0], cache)
     assert r.returncode == 0 and r.stdout == chunk_of(data, COORDS[0])
     assert [q for q in nginx.requests(mark) if q.path == "/a.zarr/zarr.json" and q.range != VALIDATION]
+
+
+@pytest.mark.parametrize("size", [0, 1, 255 << 10])
+def test_a_cache_size_below_the_least_is_refused(tmp_path, size):
+    """(SQLite's own files took 73-500 KiB at cache_size=0 or 1; 0 was taken as the default)"""
+    from zvfs.errors import MetadataError
+    from zvfs.storage.open import open_store
+
+    with pytest.raises(MetadataError, match="256K"):
+        open_store("http://127.0.0.1:9/a.zarr", cache_dir=str(tmp_path / "cache"), cache_size=size)
+    assert not (tmp_path / "cache").exists()

@@ -15,8 +15,8 @@ Correctness first (docs/reliability.md, the contract):
   version rests on its size and Last-Modified alone is never cached (`cacheable`): a server
   that keeps a fixed Last-Modified, or a rewrite of the same size within its one-second
   resolution, would be served old from the cache by every later mount; nor is one whose
-  Last-Modified is within `SETTLE` seconds of its fetch (a rewrite within the same second
-  keeps an ETag made of mtime and size, nginx's). A server whose ETag is mtime and size cannot
+  Last-Modified is within `SETTLE` seconds of its fetch from an HTTP server (a rewrite within
+  the same second keeps an ETag made of mtime and size, nginx's). A server whose ETag is mtime and size cannot
   show a same-size replacement that keeps the old mtime (`cp -p`, `rsync -t`): `zvfs cache
   DIR --clear`, or no cache_dir, for such sources. A cached range is served only for the version the store has *confirmed in
   this process*: the version the last response for that key showed. A key not seen yet costs one
@@ -160,16 +160,17 @@ def checksum(name: bytes, version: bytes, total: int, start: int, data: bytes) -
     return crc32c.crc32c(data, crc32c.crc32c(name + version + struct.pack("<3q", total, start, start + len(data))))
 
 
-def cacheable(version: Version | None, fetched: float) -> bool:
+def cacheable(version: Version | None, fetched: float, settle: bool) -> bool:
     """Whether entries of an object of this version, fetched at `fetched`, may be kept: its tag
-    an ETag or generation (not Last-Modified alone), its Last-Modified (if known) not within
-    SETTLE seconds of the fetch (see the module's docstring)."""
+    an ETag or generation (not Last-Modified alone), and with `settle` (HTTP servers, whose ETag
+    may be made of the mtime; S3's is the content's MD5, GCS's generation changes at every
+    write) its Last-Modified (if known) not within SETTLE seconds of the fetch."""
     if version is None or not version.tag:
         return False
     pairs = [version.tag] if isinstance(version.tag[0], str) else version.tag
     if not any(kind in STRONG_TAGS for kind, _ in pairs):
         return False
-    return version.mtime is None or fetched - version.mtime >= SETTLE
+    return not settle or version.mtime is None or fetched - version.mtime >= SETTLE
 
 
 def secure(directory: str) -> str:
@@ -424,8 +425,9 @@ class DiskCachedStore(Store):
 
     cache_name = "disk"
 
-    def __init__(self, inner: Store, cache: DiskCache, identity: str):
+    def __init__(self, inner: Store, cache: DiskCache, identity: str, settle: bool = False):
         self.inner = inner
+        self.settle = settle  # (`cacheable`)
         self.cache = cache
         self.identity = identity
         self.display = inner.display
@@ -548,7 +550,7 @@ class DiskCachedStore(Store):
             raise
         self.bytes += len(data or b"")
         self._seen(key, version)
-        if data and not self.cache.broken and cacheable(version, time.time()):
+        if data and not self.cache.broken and cacheable(version, time.time(), self.settle):
             first, stop = self._span(version, start, length)
             if stop - first == len(data) and self._pending + len(data) <= PENDING_LIMIT:
                 self._pending += len(data)
