@@ -64,8 +64,9 @@ class Request:
 class Nginx:
     """nginx serving `root` with directory listings; `requests()` reads its access log."""
 
-    def __init__(self, root: Path, workdir: Path, autoindex: bool = True):
+    def __init__(self, root: Path, workdir: Path, autoindex: bool = True, extra: str = ""):
         self.root = Path(root)
+        self.extra = extra  # more directives for the server block (e.g. "etag off;")
         self.workdir = Path(workdir)
         self.autoindex = autoindex
         self.port = free_port()
@@ -96,6 +97,7 @@ http {{
     root {self.root};
     autoindex {'on' if self.autoindex else 'off'};
     keepalive_requests 100000;
+    {self.extra}
   }}
 }}
 """)

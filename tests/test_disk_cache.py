@@ -7,6 +7,9 @@ counted at the server: nginx's access log, moto's request recorder.
 - A shard rewritten on the server is read anew by the next mount (its old entries are of
   another version); an entry whose bytes rot on disk is dropped and fetched again.
 - The budget holds on disk under many reads; two daemons sharing one DIR at once read right.
+- A DIR or database another user could write or plant is refused; rows whose bytes and
+  checksums were swapped are dropped; an object with Last-Modified alone is never cached;
+  sources differing in their query string share no entry.
 
 Fixture: a uint8 array of 64^3 in shards of 32^3 (8 shards) with 16^3 chunks of 4 KiB,
 written by zarr-python without compression (every chunk's bytes appear as they are in the
@@ -23,6 +26,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,6 +40,15 @@ SHAPE, SHARD, CHUNK = (64, 64, 64), 32, 16
 GRID = [s // CHUNK for s in SHAPE]
 COORDS = list(itertools.product(*(range(g) for g in GRID)))
 VALIDATION = "bytes=0-0"
+
+
+def age(directory, seconds: int) -> None:
+    """Every file's mtime `seconds` ago: an object modified within SETTLE seconds of its fetch
+    is not cached, and nginx's ETag (mtime in seconds, size) changes with it."""
+    when = int(time.time()) - seconds
+    for f in directory.rglob("*"):
+        if f.is_file():
+            os.utime(f, (when, when))
 
 
 def write(directory, seed: int) -> np.ndarray:
@@ -52,6 +65,7 @@ def write(directory, seed: int) -> np.ndarray:
 def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("diskcache")
     data = write(d, 1)
+    age(d, 100)
     nginx = Nginx(d, tmp_path_factory.mktemp("diskcache-nginx")).start()
     yield d, nginx, data
     nginx.stop()
@@ -118,9 +132,7 @@ def test_a_rewritten_shard_is_read_anew(served, tmp_path):
     with zvfs_mount(url, tmp_path / "m1", log=tmp_path / "m1.log", options=cache) as mnt:
         assert read_all(mnt, data, COORDS) == []
         new = write(d, 2)  # same sizes: nginx's ETag (mtime in seconds and size) changes with the mtime
-        for shard in (d / "a.zarr" / "c").rglob("*"):
-            if shard.is_file():
-                os.utime(shard, (shard.stat().st_mtime + 5,) * 2)
+        age(d, 50)
         assert json.loads((mnt / ".zvfs.refresh").read_bytes())["refreshed"] is True  # (`zvfs refresh`)
         assert read_all(mnt, new, COORDS) == []
     try:
@@ -131,9 +143,7 @@ def test_a_rewritten_shard_is_read_anew(served, tmp_path):
         assert len([r for r in reqs if r.range == VALIDATION]) == 8  # one per shard
     finally:
         write(d, 1)
-        for shard in (d / "a.zarr" / "c").rglob("*"):
-            if shard.is_file():
-                os.utime(shard, (shard.stat().st_mtime + 10,) * 2)
+        age(d, 30)
 
 
 def test_a_rotten_entry_is_dropped_and_fetched_again(served, tmp_path):
@@ -246,3 +256,120 @@ def test_a_truncated_entry_or_a_damaged_database_is_never_served(served, tmp_pat
                            timeout=60)
         assert r.returncode == 0 and ": 0 entries" in r.stdout, r.stderr
     cat(COORDS[1])
+
+
+def zvfs_cat(url, coords, cache):
+    return subprocess.run([sys.executable, "-m", "zvfs", "cat", url, "c/" + "/".join(map(str, coords)), "-o",
+                           f"cache_dir={cache},readahead=0"], capture_output=True, timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to nobody)")
+def test_a_cache_dir_another_user_can_write_or_plant_in_is_refused(served, tmp_path):
+    """DIR or cache.sqlite another user owns or can write, or a planted symlink: the mount is
+    refused with one line (exit 2) and nothing is created through the link."""
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    ok = tmp_path / "ok"
+    assert zvfs_cat(url, COORDS[0], ok).returncode == 0  # (made private)
+    assert (ok.stat().st_mode & 0o777, (ok / "cache.sqlite").stat().st_mode & 0o777) == (0o700, 0o600)
+
+    def planted(name, make):
+        cache = tmp_path / name
+        cache.mkdir(mode=0o700)
+        make(cache)
+        return cache
+
+    victim = tmp_path / "victim"
+    cases = {
+        "dir-0777": planted("a", lambda c: c.chmod(0o777)),
+        "dir-1777": planted("b", lambda c: c.chmod(0o1777)),
+        "dir-nobody": planted("c", lambda c: os.chown(c, 65534, 65534)),
+        "db-nobody": planted("d", lambda c: (sqlite3.connect(c / "cache.sqlite").close(),
+                                              os.chown(c / "cache.sqlite", 65534, 65534))),
+        "db-0666": planted("e", lambda c: (sqlite3.connect(c / "cache.sqlite").close(),
+                                            os.chmod(c / "cache.sqlite", 0o666))),
+        "db-symlink": planted("f", lambda c: (c / "cache.sqlite").symlink_to(victim)),
+        "wal-symlink": planted("g", lambda c: (c / "cache.sqlite-wal").symlink_to(victim)),
+    }
+    from zvfs.errors import MetadataError
+    from zvfs.storage.diskcache import DiskCache
+
+    for what, cache in cases.items():  # (in this process: a `zvfs` run each took 1.8 s)
+        with pytest.raises(MetadataError):
+            DiskCache(str(cache)).close()
+        assert not victim.exists(), what
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for refused in ("dir-nobody", "db-symlink"):
+        r = subprocess.run([sys.executable, "-m", "zvfs", "mount", url, str(mnt), "-o", f"cache_dir={cases[refused]}"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not victim.exists()
+
+
+def test_swapped_rows_fail_their_check(served, tmp_path):
+    """Bytes and checksums moved between two rows of one size: both dropped, the right bytes read."""
+    d, nginx, data = served
+    url = f"{nginx.url}/a.zarr"
+    cache = tmp_path / "cache"
+    coords = COORDS[:2]
+    for c in coords:
+        assert zvfs_cat(url, c, cache).returncode == 0
+    with contextlib.closing(sqlite3.connect(cache / "cache.sqlite")) as db:
+        rows = db.execute("SELECT id, data, crc FROM entries WHERE length(data)=? ORDER BY id", (CHUNK ** 3,)).fetchall()
+        assert len(rows) >= 2
+        (a, da, ca), (b, db_, cb) = rows[:2]
+        db.execute("UPDATE entries SET data=?, crc=? WHERE id=?", (db_, cb, a))
+        db.execute("UPDATE entries SET data=?, crc=? WHERE id=?", (da, ca, b))
+        db.commit()
+    r = zvfs_cat(url, coords[0], cache)
+    assert r.returncode == 0 and r.stdout == chunk_of(data, coords[0])
+    assert b"failed its checksum" in r.stderr
+
+
+def test_last_modified_alone_is_never_cached(tmp_path):
+    """nginx with `etag off;`: a same-size rewrite that keeps the Last-Modified (a server with a
+    fixed one, or a rewrite within its second) is read new by the next mount."""
+    d = tmp_path / "root"
+    d.mkdir()
+    write(d, 1)
+    age(d, 100)
+    stamps = {f: f.stat().st_mtime for f in d.rglob("*") if f.is_file()}
+    nginx = Nginx(d, tmp_path / "nginx", extra="etag off;").start()
+    try:
+        url, cache = f"{nginx.url}/a.zarr", [f"cache_dir={tmp_path / 'cache'}"]
+        sample = COORDS[:8]
+        with zvfs_mount(url, tmp_path / "m1", log=tmp_path / "m1.log", options=cache) as mnt:
+            assert read_all(mnt, write(tmp_path / "v1", 1), sample) == []
+        new = write(d, 2)
+        for f, t in stamps.items():
+            os.utime(f, (t, t))
+        with zvfs_mount(url, tmp_path / "m2", log=tmp_path / "m2.log", options=cache) as mnt:
+            assert read_all(mnt, new, sample) == []
+    finally:
+        nginx.stop()
+
+
+def test_the_query_string_is_part_of_the_identity(served, tmp_path):
+    """`?v=1` and `?v=2` may name different objects (signed URLs, version selectors): the
+    second source's first read is fetched, not served from the first one's entries."""
+    d, nginx, data = served
+    cache = tmp_path / "cache"
+    assert zvfs_cat(f"{nginx.url}/a.zarr?v=1", COORDS[0], cache).returncode == 0
+    mark = nginx.mark()
+    r = zvfs_cat(f"{nginx.url}/a.zarr?v=2", COORDS[0], cache)
+    assert r.returncode == 0 and r.stdout == chunk_of(data, COORDS[0])
+    assert [q for q in nginx.requests(mark) if q.path == "/a.zarr/zarr.json" and q.range != VALIDATION]
+
+
+@pytest.mark.parametrize("size", [0, 1, 255 << 10])
+def test_a_cache_size_below_the_least_is_refused(tmp_path, size):
+    """(SQLite's own files took 73-500 KiB at cache_size=0 or 1; 0 was taken as the default)"""
+    from zvfs.errors import MetadataError
+    from zvfs.storage.open import open_store
+
+    with pytest.raises(MetadataError, match="256K"):
+        open_store("http://127.0.0.1:9/a.zarr", cache_dir=str(tmp_path / "cache"), cache_size=size)
+    assert not (tmp_path / "cache").exists()

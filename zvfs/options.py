@@ -44,7 +44,7 @@ OWN = {
     "block_cache": ("block_cache", "size", "remote stores: bytes of fetched shard data to keep (default: half)"),
     "cache_dir": ("cache_dir", "str", "remote stores: keep fetched indexes, metadata and chunk bytes in this directory across "
                                       "mounts, shared by every front and daemon that names it (default: none)"),
-    "cache_size": ("cache_size", "size", "bytes the cache_dir may hold on disk (default 10G; least recently used dropped first)"),
+    "cache_size": ("cache_size", "size", "bytes the cache_dir may hold on disk (default 10G, at least 256K; least recently used dropped first)"),
     "max_metadata": ("max_metadata", "size", "metadata (zarr.json, info) to hold, as parsed: a file, or all of them "
                                              "together, estimated to take more refuses the mount (default: a quarter of memory)"),
     "mount_timeout": ("mount_timeout", "float", "seconds to wait for the mount to come up (default 60)"),

@@ -9,11 +9,16 @@ daemons on one machine at once. Local stores get no disk cache: they are on disk
 
 Correctness first (docs/reliability.md, the contract):
 
-* Every entry is keyed by the store's identity (its URL without credentials, and its
-  endpoint), the key, the object's version (ETag or generation, and size: `Version`) and the
-  byte range. An object whose answers carry no version but its size (no ETag, generation or
-  Last-Modified) is never cached: a rewrite of the same size, a day later, would be served
-  from the cache. A cached range is served only for the version the store has *confirmed in
+* Every entry is keyed by the store's identity (the sha256 of its full URL, query string and
+  credentials included, and its endpoint: no credential is stored), the key, the object's
+  version (ETag or generation, and size: `Version`) and the byte range. An object whose
+  version rests on its size and Last-Modified alone is never cached (`cacheable`): a server
+  that keeps a fixed Last-Modified, or a rewrite of the same size within its one-second
+  resolution, would be served old from the cache by every later mount; nor is one whose
+  Last-Modified is within `SETTLE` seconds of its fetch from an HTTP server (a rewrite within
+  the same second keeps an ETag made of mtime and size, nginx's). A server whose ETag is mtime and size cannot
+  show a same-size replacement that keeps the old mtime (`cp -p`, `rsync -t`): `zvfs cache
+  DIR --clear`, or no cache_dir, for such sources. A cached range is served only for the version the store has *confirmed in
   this process*: the version the last response for that key showed. A key not seen yet costs one
   validating request (`Store.size`: a 1-byte ranged GET on HTTP, S3 and GCS, which shows the
   version in the form every read shows it), and only when the cache holds the range asked for
@@ -22,8 +27,14 @@ Correctness first (docs/reliability.md, the contract):
   entries are never served (they age out). `zvfs refresh` forgets the confirmed versions, so
   every object is validated again at its next read; a change within a mount is otherwise seen
   as without the cache (by the first request that meets it).
-* Every entry carries the crc32c of its bytes, checked at every read: a bad or truncated entry
-  (a flipped bit on disk) is dropped and the range fetched again, never served.
+* Every entry carries a crc32c of its identity (name, version, object size, range) and its
+  bytes, checked at every read: a bad or truncated entry (a flipped bit on disk), or one whose
+  bytes and checksum were moved to another row, is dropped and the range fetched again, never
+  served.
+* DIR must be the user's own and writable by no one else, and the database's files (if there)
+  regular files of the user's, writable by no one else, never symlinks (`secure`): another
+  local user could otherwise plant entries or make the daemon write through a link. DIR is
+  created 0700 and the database 0600 (O_EXCL|O_NOFOLLOW).
 * The size budget holds on disk: an insert first evicts the least recently used entries
   until the database's pages in use (its pages less its free ones: SQLite reuses freed pages,
   so the file never outgrows them) leave room for the new one within the budget less the
@@ -66,6 +77,8 @@ import json
 import logging
 import os
 import sqlite3
+import stat
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -73,14 +86,22 @@ from collections import OrderedDict
 import crc32c
 import trio
 
-from ..errors import ShardChanged
+from ..errors import MetadataError, ShardChanged
 from .base import Entry, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 
 DB_NAME = "cache.sqlite"
-#: the default `cache_size`
-DEFAULT_SIZE = 10 << 30
+#: the default `cache_size`, and the least accepted: below it the files SQLite keeps (its
+#: schema, the WAL and its index: 73-500 KiB measured at cache_size=0 or 1) outgrow the budget;
+#: at 256 KiB they hold within it (tests/test_disk_cache.py)
+DEFAULT_SIZE, MIN_SIZE = 10 << 30, 256 << 10
+#: the format of the entries (PRAGMA user_version); a database of another one is emptied
+FORMAT = 2
+#: seconds: an object whose Last-Modified is this close to its fetch is not cached
+SETTLE = 2.0
+#: version tags that change with every rewrite (HTTP/S3 ETag, GCS generation, fsspec's)
+STRONG_TAGS = ("etag", "generation", "ETag", "md5Hash")
 #: rows an insert may evict (bounded work per insert; the next insert goes on)
 EVICT_BATCH = 256
 #: seconds between two writes of one entry's last use
@@ -107,7 +128,7 @@ CREATE TABLE IF NOT EXISTS entries (
     start INTEGER NOT NULL,  -- byte range [start, stop) of the object
     stop INTEGER NOT NULL,
     total INTEGER NOT NULL,  -- the object's size
-    crc INTEGER NOT NULL,    -- crc32c of data
+    crc INTEGER NOT NULL,    -- crc32c of (name, version, total, start, stop) and data
     used REAL NOT NULL,      -- last use (seconds since the epoch)
     data BLOB NOT NULL
 );
@@ -134,11 +155,55 @@ def version_digest(version: Version) -> bytes:
     return _digest(json.dumps([version.size, list(version.tag)]))
 
 
+def checksum(name: bytes, version: bytes, total: int, start: int, data: bytes) -> int:
+    """The crc32c of an entry's identity and bytes: moved to another row, it fails."""
+    return crc32c.crc32c(data, crc32c.crc32c(name + version + struct.pack("<3q", total, start, start + len(data))))
+
+
+def cacheable(version: Version | None, fetched: float, settle: bool) -> bool:
+    """Whether entries of an object of this version, fetched at `fetched`, may be kept: its tag
+    an ETag or generation (not Last-Modified alone), and with `settle` (HTTP servers, whose ETag
+    may be made of the mtime; S3's is the content's MD5, GCS's generation changes at every
+    write) its Last-Modified (if known) not within SETTLE seconds of the fetch."""
+    if version is None or not version.tag:
+        return False
+    pairs = [version.tag] if isinstance(version.tag[0], str) else version.tag
+    if not any(kind in STRONG_TAGS for kind, _ in pairs):
+        return False
+    return not settle or version.mtime is None or fetched - version.mtime >= SETTLE
+
+
+def secure(directory: str) -> str:
+    """Make DIR (0700) if missing, refuse one another user could write to or plant files in,
+    and create the database 0600 (O_EXCL|O_NOFOLLOW: never through a link); its path."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    me = os.geteuid()
+    st = os.stat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
+        raise MetadataError(f"cache_dir={directory}", "must be a directory of this user's that no one else can write "
+                                                      f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): chmod 700")
+    path = os.path.join(directory, DB_NAME)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            st = os.lstat(name)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
+            raise MetadataError(name, "not a regular file of this user's that no one else can write (a symlink, "
+                                      f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): remove it")
+    return path
+
+
 class DiskCache:
     """The database in DIR: thread-safe, blocking calls (run them in worker threads), but for
     `holds` and `covers`, which are made on one thread (the event loop's) and never wait."""
 
     def __init__(self, directory: str, size: int = DEFAULT_SIZE):
+        if size < MIN_SIZE:
+            raise MetadataError(f"cache_size={size}", f"below the least a disk cache needs ({MIN_SIZE >> 10}K)")
         self.directory = directory
         self.size = size
         #: the WAL's size limit, the database's share of the budget (the WAL may hold twice
@@ -146,10 +211,7 @@ class DiskCache:
         self._wal = max(64 << 10, min(WAL_LIMIT, size // 16))
         self._room = size - 2 * self._wal - SHM
         self._largest = min(MAX_ENTRY, size // 8)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        self.path = os.path.join(directory, DB_NAME)
-        if not os.path.exists(self.path):  # created private: it holds the store's bytes
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        self.path = secure(directory)
         self._reader, self._writer = self._connect(), self._connect()
         self._read_lock, self._write_lock = threading.Lock(), threading.Lock()
         #: index-only queries made on the event loop's thread itself (`holds`, `covers`): tens
@@ -159,6 +221,9 @@ class DiskCache:
         self.broken: str | None = None
         with self._write_lock:
             self._writer.executescript(SCHEMA)
+            if _first(self._writer, "PRAGMA user_version")[0] != FORMAT:  # (entries of another checksum)
+                self._writer.executescript(f"BEGIN IMMEDIATE; DELETE FROM entries; UPDATE totals SET bytes=0; "
+                                           f"PRAGMA user_version={FORMAT}; COMMIT;")
 
     def _connect(self) -> sqlite3.Connection:
         wal = self._wal
@@ -225,12 +290,12 @@ class DiskCache:
         try:
             while True:  # (until an entry passes its checksum, or none is left)
                 with self._read_lock:
-                    row = _first(self._reader, "SELECT id, start, stop, crc, used, data FROM entries WHERE name=? AND "
-                                 "version=? AND start<=? AND stop>=? LIMIT 1", (name, version, start, stop))
+                    row = _first(self._reader, "SELECT id, start, stop, total, crc, used, data FROM entries WHERE name=? "
+                                 "AND version=? AND start<=? AND stop>=? LIMIT 1", (name, version, start, stop))
                 if row is None:
                     return None
-                rowid, first, last, crc, used, data = row
-                if len(data) == last - first and crc32c.crc32c(data) == crc:
+                rowid, first, last, total, crc, used, data = row
+                if len(data) == last - first and checksum(name, version, total, first, data) == crc:
                     return data[start - first:stop - first], (rowid if time.time() - used > TOUCH_EVERY else None)
                 log.warning("disk cache %s: an entry failed its checksum: dropped", self.directory)
                 self._delete(rowid)
@@ -265,7 +330,8 @@ class DiskCache:
                     if self._in_use(db) + cost <= self._room:
                         cur = db.execute("INSERT OR IGNORE INTO entries (name, version, start, stop, total, crc, used, data) "
                                          "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (name, version, start, start + len(data),
-                                                                             object_size, crc32c.crc32c(data), time.time(),
+                                                                             object_size, checksum(name, version, object_size,
+                                                                                                   start, data), time.time(),
                                                                              data))
                         held += len(data) if cur.rowcount == 1 else 0
                     db.execute("UPDATE totals SET bytes=?", (held,))
@@ -359,8 +425,9 @@ class DiskCachedStore(Store):
 
     cache_name = "disk"
 
-    def __init__(self, inner: Store, cache: DiskCache, identity: str):
+    def __init__(self, inner: Store, cache: DiskCache, identity: str, settle: bool = False):
         self.inner = inner
+        self.settle = settle  # (`cacheable`)
         self.cache = cache
         self.identity = identity
         self.display = inner.display
@@ -471,7 +538,7 @@ class DiskCachedStore(Store):
         self.hits += 1
         data, touch = found
         if touch is not None:
-            trio.lowlevel.spawn_system_task(self._in_background, 0, self.cache.touch, touch)
+            self._in_background(0, self.cache.touch, touch)
         return data
 
     async def _fetch(self, key: str, start: int, length: int | None) -> tuple[bytes | None, Version | None]:
@@ -483,19 +550,25 @@ class DiskCachedStore(Store):
             raise
         self.bytes += len(data or b"")
         self._seen(key, version)
-        if data and version is not None and version.tag and not self.cache.broken:
+        if data and not self.cache.broken and cacheable(version, time.time(), self.settle):
             first, stop = self._span(version, start, length)
             if stop - first == len(data) and self._pending + len(data) <= PENDING_LIMIT:
                 self._pending += len(data)
-                trio.lowlevel.spawn_system_task(self._in_background, len(data), self.cache.put, _digest(self.identity, key),
-                                                version_digest(version), first, data, version.size)
+                self._in_background(len(data), self.cache.put, _digest(self.identity, key), version_digest(version),
+                                    first, data, version.size)
         return data, version
 
-    async def _in_background(self, held: int, write, *args) -> None:
-        """A write to the database in a worker thread, off the read path (a system task: it
-        must not raise); `held`: bytes it keeps in memory until written."""
+    def _in_background(self, held: int, write, *args) -> None:
+        """A write to the database in a worker thread, off the read path (a system task);
+        `held`: bytes it keeps in memory until written. Counted in `_writes` from now, not from
+        when the task starts: `aclose` right after a read (`zvfs cat`) closed the database
+        before the task's first step, and its insert then turned the cache off with a warning."""
         done = trio.Event()
         self._writes.add(done)
+        trio.lowlevel.spawn_system_task(self._write, done, held, write, *args)
+
+    async def _write(self, done: trio.Event, held: int, write, *args) -> None:
+        """(must not raise: a system task)"""
         try:
             await trio.to_thread.run_sync(write, *args)
         except BaseException as e:  # (cancelled at the end of the run, or anything else: not written)

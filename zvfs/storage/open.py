@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -63,15 +64,17 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         from .diskcache import DEFAULT_SIZE, DiskCache, DiskCachedStore, damaged
 
         try:
-            cache = DiskCache(cache_dir, cache_size or DEFAULT_SIZE)
+            cache = DiskCache(cache_dir, DEFAULT_SIZE if cache_size is None else cache_size)
         except (OSError, sqlite3.Error) as e:
             if not damaged(e):  # (a directory that cannot be made or written: the user's to fix)
                 raise MetadataError(f"cache_dir={cache_dir}", f"cannot use it: {e}") from None
             logging.getLogger("zvfs.storage").warning("disk cache %s unusable (%s): reading without it; 'zvfs cache %s "
                                                       "--clear' starts it anew", cache_dir, e, cache_dir)
         else:
+            # the full URL (its query string selects the object too), hashed: no credential is stored
             endpoint = (storage_options or {}).get("endpoint_url") or ""
-            store = DiskCachedStore(store, cache, identity=f"{store.display} {endpoint}")
+            store = DiskCachedStore(store, cache, identity=hashlib.sha256(f"{source}\0{endpoint}".encode()).hexdigest(),
+                                    settle=source.split("://", 1)[0] in ("http", "https"))
     if zip_named(source):  # (read-ahead above the archive: its streams and blocks are the entries')
         store = ZipStore(store, "", store.display, max_directory, inflated)
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store
