@@ -479,6 +479,43 @@ def test_concurrent_inflations_stay_within_the_budget(tmp_path, memory, entries,
     assert peak < 128 << 20, f"{peak >> 20} MiB"
 
 
+def test_readers_of_one_entry_share_its_inflation_and_inflations_share_the_cache_size():
+    """Four deflated 1.2 MiB entries, each read by three readers at once, with a 3 MiB decoded
+    cache: one inflation per entry, never more than 3 MiB of them under way (two at a time)."""
+    import io
+
+    rng = np.random.default_rng(3)
+    want = {f"e{k}": rng.bytes(4096) * 300 for k in range(4)}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in want.items():
+            z.writestr(name, data)
+    cache = CoalescingCache(3 << 20, decoded_size)
+    store = ZipStore(MemoryStore({"a.zip": buf.getvalue()}), "a.zip", "a.zip", inflated=cache)
+    acquire, most = store._inflating.acquire, []
+
+    async def counted(n):
+        await acquire(n)
+        most.append(store._inflating.held)
+
+    store._inflating.acquire = counted
+    got = {}
+
+    async def main():
+        async def read(name, k):
+            got[name, k] = await store.read(name)
+
+        async with trio.open_nursery() as nursery:
+            for k in range(3):
+                for name in want:
+                    nursery.start_soon(read, name, k)
+
+    trio.run(main)
+    assert all(data == want[name] for (name, _), data in got.items()) and len(got) == 12
+    assert cache.misses == 4 and len(most) == 4
+    assert max(most) <= 3 << 20 and max(most) > 2 * len(want["e0"])  # (two at a time, not one)
+
+
 def test_refresh_reads_a_small_archive_over_http_again(srv, nginx, tmp_path_factory):  # noqa: F811
     """An archive under 64 KiB is read whole with its end records; replaced on the server (by
     rename, same size), `zvfs refresh` makes the mount read its end records again: a chunk
