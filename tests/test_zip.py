@@ -15,8 +15,9 @@ its lowered limits), mounted from a local file, over HTTP (nginx) and S3 (moto).
   that overlaps its end record, that does not parse, or exceeds max_metadata), or EIO for the
   entries a lying central directory concerns while the others read (sizes or offsets past the
   next entry, two entries at one offset, bad deflate data, a false entry count); random
-  corruptions; deflate bombs stop at the declared size. A rewritten archive is read anew, and
-  the mount shows nothing wider than the archive's bits.
+  corruptions; deflate bombs stop at the declared size; deflated entries read all at once keep
+  the daemon under its memory budget. A rewritten archive is read anew (a small one over HTTP
+  after `zvfs refresh`), and the mount shows nothing wider than the archive's bits.
 """
 
 from __future__ import annotations
@@ -444,3 +445,95 @@ def test_inflating_stays_within_the_declared_size_and_the_cache():
 
     assert "more than the decoded cache" in bounded_allocation(lambda: trio.run(read, "big"), 2 << 20)
     assert "101+ bytes for 100" in bounded_allocation(lambda: trio.run(read, "liar"), 2 << 20)
+
+
+def daemon_hwm(mnt: Path) -> int:
+    """The peak RSS of the daemon serving `mnt`."""
+    import subprocess
+
+    (pid,) = subprocess.run(["pgrep", "-f", f"zvfs mount .* {mnt} --foreground"], capture_output=True,
+                            text=True).stdout.split()
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) * 1024
+
+
+@pytest.mark.parametrize("memory, entries, size", [("64M", 48, 3 << 19), ("128M", 16, 7 << 20)])
+def test_concurrent_inflations_stay_within_the_budget(tmp_path, memory, entries, size):
+    """Deflated entries of most of the decoded share (64M: 1.5 MiB of 2 MiB; 128M: 7 MiB of
+    8 MiB), all read at once, each by two readers: every byte right, and the daemon's peak RSS
+    under the budget (under 128 MiB for 64M, whose daemon starts at about 50). Before, every
+    entry was inflated at once: 177 MiB under memory=128M."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    want = {f"extra/f{k}": rng.bytes(4096) * (size // 4096) for k in range(entries)}  # (repeats: small when deflated)
+    with zipfile.ZipFile(tmp_path / "mem.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("zarr.json", json.dumps({"zarr_format": 3, "node_type": "group"}))
+        for name, data in want.items():
+            z.writestr(name, data)
+    with zvfs_mount(tmp_path / "mem.zip", tmp_path / "mnt", log=tmp_path / "zvfs.log", options=(f"memory={memory}",)) as mnt:
+        with ThreadPoolExecutor(2 * entries) as pool:
+            got = list(pool.map(lambda name: (mnt / name).read_bytes() == want[name], [*want, *want]))
+        peak = daemon_hwm(mnt)
+    assert all(got)
+    assert peak < 128 << 20, f"{peak >> 20} MiB"
+
+
+def test_readers_of_one_entry_share_its_inflation_and_inflations_share_the_cache_size():
+    """Four deflated 1.2 MiB entries, each read by three readers at once, with a 3 MiB decoded
+    cache: one inflation per entry, never more than 3 MiB of them under way (two at a time)."""
+    import io
+
+    rng = np.random.default_rng(3)
+    want = {f"e{k}": rng.bytes(4096) * 300 for k in range(4)}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in want.items():
+            z.writestr(name, data)
+    cache = CoalescingCache(3 << 20, decoded_size)
+    store = ZipStore(MemoryStore({"a.zip": buf.getvalue()}), "a.zip", "a.zip", inflated=cache)
+    acquire, most = store._inflating.acquire, []
+
+    async def counted(n):
+        await acquire(n)
+        most.append(store._inflating.held)
+
+    store._inflating.acquire = counted
+    got = {}
+
+    async def main():
+        async def read(name, k):
+            got[name, k] = await store.read(name)
+
+        async with trio.open_nursery() as nursery:
+            for k in range(3):
+                for name in want:
+                    nursery.start_soon(read, name, k)
+
+    trio.run(main)
+    assert all(data == want[name] for (name, _), data in got.items()) and len(got) == 12
+    assert cache.misses == 4 and len(most) == 4
+    assert max(most) <= 3 << 20 and max(most) > 2 * len(want["e0"])  # (two at a time, not one)
+
+
+def test_refresh_reads_a_small_archive_over_http_again(srv, nginx, tmp_path_factory):  # noqa: F811
+    """An archive under 64 KiB is read whole with its end records; replaced on the server (by
+    rename, same size), `zvfs refresh` makes the mount read its end records again: a chunk
+    never read before comes from the new archive (before: the old one's, with no request)."""
+    import zarr
+    from zarr.storage import ZipStore
+
+    d = tmp_path_factory.mktemp("refresh-zip")
+    arrays = [np.full((16, 16), v, dtype="uint8") for v in (1, 2)]
+    for v, array in enumerate(arrays):
+        store = ZipStore(d / f"v{v}.zip", mode="w")
+        zarr.create_array(store, shape=array.shape, chunks=(8, 8), dtype="uint8", compressors=None)[...] = array
+        store.close()
+    shutil.copy(d / "v0.zip", d / "a.zip")
+    url = f"{nginx.url}/{serve(srv, 'refresh-zip', d)}/a.zip"
+    with zvfs_mount(url, d / "mnt", log=d / "zvfs.log") as mnt:
+        assert (mnt / "c/0/0").read_bytes() == bytes([1]) * 64
+        os.utime(d / "v1.zip", (1e9, 1e9))  # (nginx's ETag: its mtime in seconds and its size)
+        os.replace(d / "v1.zip", d / "a.zip")
+        assert run_zvfs("refresh", mnt).returncode == 0
+        assert (mnt / "c/1/1").read_bytes() == bytes([2]) * 64
