@@ -25,7 +25,7 @@ from bisect import bisect_left
 from ..errors import CorruptShardError, MetadataError, ShardChanged
 from .base import Entry, Store, Version
 from .cache import ENTRY_COST, CoalescingCache
-from .ocdbt_format import (BtreeNode, FormatError, Generation, Manifest, Ref, VersionNode, VersionNodeRef, decode_btree_node,
+from .ocdbt_format import (BtreeNode, FormatError, Generation, Manifest, Ref, TooLarge, VersionNode, VersionNodeRef, decode_btree_node,
                            decode_manifest, decode_version_node)
 
 log = logging.getLogger("zvfs.ocdbt")
@@ -80,13 +80,15 @@ class OcdbtStore(Store):
             from ..formats.codecs import decode_step  # (in a worker thread when large)
 
             at = f"{where} ({ref.path} @{ref.offset})"
+            hint = "(raise -o memory= or index_cache=)"
             try:
+                if ref.length > self.btree_limit:
+                    raise CorruptShardError(at, f"B+tree node of {ref.length} bytes, over the limit of {self.btree_limit} {hint}")
                 encoded = await _read_exact(self.inner, ref, self.btree_limit, where)
                 try:
                     node = await decode_step(decode_btree_node, encoded, ref.base, self.btree_limit)
                 except FormatError as e:
-                    hint = " (raise -o memory= or index_cache=)" if "over" in str(e) else ""
-                    raise CorruptShardError(at, f"B+tree node: {e}{hint}") from None
+                    raise CorruptShardError(at, f"B+tree node: {e}{' ' + hint if isinstance(e, TooLarge) else ''}") from None
                 if node.height != height:
                     raise CorruptShardError(at, f"B+tree node of height {node.height} where {height} was expected")
                 first, last = above + node.prefix + node.keys[0], above + node.prefix + node.keys[len(node.keys) - 1]

@@ -48,6 +48,10 @@ class FormatError(ValueError):
     """Bytes that are not a valid OCDBT manifest or node (one line)."""
 
 
+class TooLarge(FormatError):
+    """A node larger, decompressed or decoded, than the caller's limit allows."""
+
+
 @dataclass(frozen=True, slots=True)
 class Ref:
     """Where an encoded node or a value lies: `path` relative to the database root; `base` the
@@ -220,7 +224,7 @@ def unwrap(encoded: bytes, magic: int, max_decoded: int) -> bytes:
     body = encoded[r.pos:-4]
     if compression == 0:
         if len(body) > max_decoded:
-            raise FormatError(f"{len(body)} bytes, over the limit of {max_decoded}")
+            raise TooLarge(f"{len(body)} bytes, over the limit of {max_decoded}")
         return body
     if compression == 1:
         return _unzstd(body, max_decoded)
@@ -236,7 +240,7 @@ def _unzstd(body: bytes, limit: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(body)
         if declared > limit:  # (-1: not declared)
-            raise FormatError(f"declares {declared} bytes decompressed, over the limit of {limit}")
+            raise TooLarge(f"declares {declared} bytes decompressed, over the limit of {limit}")
         with zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True) as reader:
             while True:
                 piece = reader.read(min(1 << 20, limit + 1 - len(out)))
@@ -244,7 +248,7 @@ def _unzstd(body: bytes, limit: int) -> bytes:
                     break
                 out += piece
                 if len(out) > limit:
-                    raise FormatError(f"decompresses to over the limit of {limit} bytes")
+                    raise TooLarge(f"decompresses to over the limit of {limit} bytes")
     except zstandard.ZstdError as e:
         raise FormatError(f"zstd: {e}") from None
     return bytes(out)
@@ -461,7 +465,7 @@ def decode_btree_node(encoded: bytes, base: str, limit: int) -> BtreeNode:
     if total > KEY_BLOWUP * len(body) + (1 << 20):
         raise FormatError(f"keys rebuild to {total} bytes, out of proportion to the node")
     if total + HELD_PER_ENTRY * n > limit:  # what `nbytes` will count at least, before any of it is built
-        raise FormatError(f"{n} entries of {total} key bytes: over {limit} bytes decoded")
+        raise TooLarge(f"{n} entries of {total} key bytes: over {limit} bytes decoded")
     if int(suffix_len.sum()) > r.remaining():
         raise FormatError("keys longer than the node")
     suffixes = r.take(int(suffix_len.sum()))
@@ -516,5 +520,5 @@ def decode_btree_node(encoded: bytes, base: str, limit: int) -> BtreeNode:
     node.nbytes = (len(node.keys.blob) + 8 * n + len(node.values) + sum(c.nbytes for c in columns)
                    + sum(100 + len(p) + len(b) for p, b in table) + 400)
     if node.nbytes > limit:
-        raise FormatError(f"{node.nbytes} bytes decoded, over the limit of {limit}")
+        raise TooLarge(f"{node.nbytes} bytes decoded, over the limit of {limit}")
     return node
