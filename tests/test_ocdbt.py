@@ -468,3 +468,84 @@ def test_mutated_nodes_decode_or_fail_with_format_error(dbs):
             decode_manifest(_reencode(bytes(raw), MANIFEST_MAGIC), 1 << 20)
         with contextlib.suppress(FormatError):
             decode_version_node(_reencode(bytes(raw[16:]), VERSION_NODE_MAGIC), "", 4, 1 << 20)
+
+
+# ------------------------------------------------------------------ nodes over the budget, misplaced nodes
+
+
+def test_a_node_over_the_node_cache_is_eio_for_its_keys_within_the_memory_budget(tmp_path):
+    """Under -o memory=64M (0.7 MiB of nodes), leaves of 1-byte values written by tensorstore
+    (15,000-18,000 keys: 0.7-0.85 MB decoded each) are refused before they are decoded: EIO
+    for their keys (and their directory's), one log line each (at most: the listing of their directory
+    stops at the first) however many concurrent reads hit them, while the leaves of 1000-byte values the root's listing needs read; and a database that is one leaf of 120,000
+    keys (~5 MB decoded; the attacker's 1,000,001 took the daemon to
+    600 MiB) is a one-line refusal that says what to raise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_memory_budget import CEILING, daemon_pid, vm_hwm
+
+    db = tmp_path / "db"
+    wo.write_tiny_values(db, 100_000, 1000, 500_000)
+    x_leaves = [leaf for leaf in _leaves(db) if leaf[3].startswith(b"a/5/") and leaf[4].startswith(b"a/5/")]
+    assert len(x_leaves) >= 4
+    log = tmp_path / "zvfs.log"
+    with zvfs_mount(db, tmp_path / "mnt", log=log, options=("memory=64M",)) as mnt:
+        keys = [mnt / leaf[3].decode() for leaf in x_leaves] * 4
+        with ThreadPoolExecutor(16) as pool:
+            got = list(pool.map(lambda path: _read_or_errno(path), keys))
+        assert got == [errno.EIO] * len(keys)
+        assert sorted(os.listdir(mnt)) == ["a", "zarr.json"]  # (the leaves of large values at either end)
+        for i in (0, 999):  # (EIO when looked up through their directory's listing, which needs every leaf)
+            assert _read_or_errno(mnt / f"a/0{i:03d}") in (errno.EIO, bytes([i % 256]) * 1000)
+        assert b"node_type" in (mnt / "zarr.json").read_bytes()
+        assert vm_hwm(daemon_pid(mnt)) < CEILING
+    refused = [line for line in log.read_text().splitlines() if "ERROR zvfs.ocdbt" in line]
+    assert 1 <= len(refused) <= len(x_leaves) + 2 and all("raise -o memory=" in line for line in refused), refused
+
+    one = tmp_path / "one"
+    wo.write_tiny_values(one, 120_000, 0, 60_000_000)
+    assert len(_leaves(one)) == 1
+    r = run_zvfs("mount", one, tmp_path / "mnt", "-o", f"memory=64M,log={tmp_path / 'one.log'}")
+    assert r.returncode == 2
+    assert len(r.stderr.splitlines()) == 1 and b"raise -o memory=" in r.stderr
+
+
+def _read_or_errno(path: Path) -> bytes | int:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        return e.errno
+
+
+def test_a_node_pointed_at_from_a_siblings_place_is_eio(tmp_path):
+    """Two leaves of a Zarr array's chunk keys swapped in their data file (each intact, CRC-32C
+    valid: what a parent's swapped references give): their keys fall outside the range their
+    parent gives them, which tensorstore refuses ("Last key ... is not less than exclusive_max
+    ... specified by parent node"). Their chunks and the listing of c/ are EIO, never missing (read as fill value:
+    the attacker's zarr read 2,560 of 4,096 elements as 0) nor another chunk's bytes."""
+    import tensorstore as ts
+
+    db = tmp_path / "db"
+    data = wo.write_small_leaves(db)
+    leaves = _leaves(db)
+    a = leaves[0]
+    b = next(leaf for leaf in leaves if leaf[2] == a[2] and leaf[0] == a[0] and leaf[3].endswith(b"/4")
+             and leaf[3].rsplit(b"/", 1)[0] != a[3].rsplit(b"/", 1)[0])
+    raw = bytearray((db / a[0]).read_bytes())
+    raw[a[1]:a[1] + a[2]], raw[b[1]:b[1] + b[2]] = raw[b[1]:b[1] + b[2]], raw[a[1]:a[1] + a[2]]
+    (db / a[0]).write_bytes(bytes(raw))
+    log = tmp_path / "zvfs.log"
+    with zvfs_mount(db, tmp_path / "mnt", log=log) as mnt:
+        kinds: dict = {}
+        for i in range(8):
+            for j in range(8):
+                got = _read_or_errno(mnt / f"c/{i}/{j}")
+                kind = got if isinstance(got, int) else got == data[8 * i:8 * i + 8, 8 * j:8 * j + 8].tobytes()
+                kinds[kind] = kinds.get(kind, 0) + 1
+        assert set(kinds) <= {True, errno.EIO} and kinds[errno.EIO] >= 8, kinds  # (EIO for all when looked up
+        with pytest.raises(OSError) as e:  # through the listing of c/, which needs the misplaced leaves)
+            os.listdir(mnt / "c")
+        assert e.value.errno == errno.EIO
+        with pytest.raises(ValueError):
+            ts.open({"driver": "zarr3", "kvstore": f"file://{mnt}/", "context": wo.CONTEXT}).result().read().result()
+    assert "its parent" in log.read_text()

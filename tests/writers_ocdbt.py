@@ -98,3 +98,36 @@ def precomputed_scale(path: Path, index: int, kvstore: dict | None = None):
 
     return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kvstore or ocdbt(path), "scale_index": index,
                     "open": True, "context": CONTEXT}).result()
+
+
+def write_tiny_values(path: Path, tiny: int, large: int, node_bytes: int) -> None:
+    """zarr.json, `tiny` keys `a/5/NNNNNN` of 1-byte values between `large` keys `a/0NNN`
+    and as many `a/9NNN` of 1000-byte inline values (byte N % 256), in one commit with zstd
+    nodes of at most `node_bytes` (tensorstore's measure): leaves of tiny values decode to ~2.1
+    times what tensorstore counts for them, leaves of large ones to ~1.05 times. The tiny keys
+    are in the middle so that a listing of the root needs only leaves of large values."""
+    import tensorstore as ts
+
+    kv = ts.KvStore.open(ocdbt(path, max_decoded_node_bytes=node_bytes, max_inline_value_bytes=1024)).result()
+    txn = ts.Transaction()
+    t = kv.with_transaction(txn)
+    t["zarr.json"] = GROUP
+    for i in range(large):
+        t[f"a/0{i:03d}"] = t[f"a/9{i:03d}"] = bytes([i % 256]) * 1000
+    for i in range(tiny):
+        t[f"a/5/{i:06d}"] = b"v"
+    txn.commit_async().result()
+
+
+def write_small_leaves(path: Path) -> np.ndarray:
+    """A 64 x 64 uint8 Zarr v3 array of 8 x 8 uncompressed chunks (values 1..254: never the
+    fill value) in uncompressed nodes of at most 400 bytes (leaves of a few chunks each)."""
+    data = np.random.default_rng(7).integers(1, 255, (64, 64), dtype="uint8")
+    kvstore = ocdbt(path, max_decoded_node_bytes=400, compression=None)
+    import tensorstore as ts
+
+    t = ts.open({"driver": "zarr3", "kvstore": kvstore, "create": True, "context": CONTEXT, "metadata": {
+        "shape": [64, 64], "data_type": "uint8", "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [8, 8]}},
+        "codecs": [{"name": "bytes"}]}}).result()
+    t[...] = data
+    return data

@@ -76,6 +76,10 @@ def decoded_size(value: Any) -> int:
     return len(value) if isinstance(value, (bytes, bytearray)) else value.nbytes
 
 
+#: bytes an entry costs besides its value (the OrderedDict slot, key and tuple)
+ENTRY_COST = 64
+
+
 class CoalescingCache:
     """`keep_oversized`: a value larger than the whole cache is still kept, alone (for
     listings: re-listing a huge directory on every lookup would be far worse than exceeding
@@ -201,7 +205,7 @@ class CoalescingCache:
         self._bytes = 0
 
     def _put(self, key: Hashable, value: Any) -> None:
-        size = 64 if isinstance(value, _Failed) else self._sizeof(value) + 64
+        size = ENTRY_COST if isinstance(value, _Failed) else self._sizeof(value) + ENTRY_COST
         if size > self.max_bytes and not self.keep_oversized or not _settled(value):
             return
         self.drop(key)

@@ -24,8 +24,8 @@ from bisect import bisect_left
 
 from ..errors import CorruptShardError, MetadataError, ShardChanged
 from .base import Entry, Store, Version
-from .cache import CoalescingCache
-from .ocdbt_format import (BtreeNode, FormatError, Generation, Manifest, Ref, VersionNode, VersionNodeRef, decode_btree_node,
+from .cache import ENTRY_COST, CoalescingCache
+from .ocdbt_format import (BtreeNode, FormatError, Generation, Manifest, Ref, TooLarge, VersionNode, VersionNodeRef, decode_btree_node,
                            decode_manifest, decode_version_node)
 
 log = logging.getLogger("zvfs.ocdbt")
@@ -57,6 +57,12 @@ class OcdbtStore(Store):
         self.nodes = CoalescingCache(cache_bytes, patience=inner.patience, name=inner.display)
         config = manifest.config
         self.node_limit = min(MAX_NODE, max(1 << 20, 2 * config.max_decoded_node_bytes))
+        #: bytes a B+tree node may take, encoded or decoded (`nbytes`): what the node cache
+        #: keeps. A larger one is refused unread or as its zstd body inflates past it (EIO for
+        #: the keys below it): decoded again for each lookup, a 68 KB leaf of 1,000,001 keys
+        #: (1.1 GB/s of zstd) took the daemon to 281 MiB at the mount and 600 MiB under 16
+        #: concurrent reads with -o memory=64M (a share of 0.7 MiB).
+        self.btree_limit = min(self.node_limit, cache_bytes - ENTRY_COST)
 
     @property
     def patience(self) -> float:  # type: ignore[override]
@@ -64,27 +70,46 @@ class OcdbtStore(Store):
 
     # -- the B+tree
 
-    async def _node(self, ref: Ref, height: int, where: str) -> BtreeNode:
-        """The decoded node at `ref`, which its parent says has `height` (cached)."""
+    async def _node(self, ref: Ref, height: int, where: str, above: bytes, low: bytes, high: bytes | None) -> BtreeNode:
+        """The decoded node at `ref`, which its parent says has `height` and keys (full: above
+        + prefix + key) in [`low`, `high`) (None: no end), checked as tensorstore does: a node
+        pointed at from the wrong place (a sibling's reference) is bad, not a source of missing
+        keys. Cached, with the bounds: a node is looked up with the same ones every time."""
 
         async def load() -> BtreeNode:
             from ..formats.codecs import decode_step  # (in a worker thread when large)
 
+            at = f"{where} ({ref.path} @{ref.offset})"
+            hint = "(raise -o memory= or index_cache=)"
             try:
-                encoded = await _read_exact(self.inner, ref, self.node_limit, where)
+                if ref.length > self.btree_limit:
+                    raise CorruptShardError(at, f"B+tree node of {ref.length} bytes, over the limit of {self.btree_limit} {hint}")
+                encoded = await _read_exact(self.inner, ref, self.btree_limit, where)
                 try:
-                    node = await decode_step(decode_btree_node, encoded, ref.base, self.node_limit)
+                    node = await decode_step(decode_btree_node, encoded, ref.base, self.btree_limit)
                 except FormatError as e:
-                    raise CorruptShardError(f"{where} ({ref.path} @{ref.offset})", f"B+tree node: {e}") from None
+                    raise CorruptShardError(at, f"B+tree node: {e}{' ' + hint if isinstance(e, TooLarge) else ''}") from None
                 if node.height != height:
-                    raise CorruptShardError(f"{where} ({ref.path} @{ref.offset})",
-                                            f"B+tree node of height {node.height} where {height} was expected")
+                    raise CorruptShardError(at, f"B+tree node of height {node.height} where {height} was expected")
+                first, last = above + node.prefix + node.keys[0], above + node.prefix + node.keys[len(node.keys) - 1]
+                if first < low:
+                    raise CorruptShardError(at, f"B+tree node's first key {first!r} is before {low!r}, where its parent points")
+                if high is not None and last >= high:
+                    raise CorruptShardError(at, f"B+tree node's last key {last!r} is not before {high!r}, "
+                                            "the end its parent gives it")
             except CorruptShardError as e:
                 log.error("%s", e)  # once: the cache keeps the failure
                 raise
             return node
 
-        return await self.nodes.get(("btree", ref.path, ref.offset, ref.length, height), load)
+        return await self.nodes.get(("btree", ref.path, ref.offset, ref.length, height, above, low, high), load)
+
+    @staticmethod
+    def _below(node: BtreeNode, i: int, base: bytes, high: bytes | None) -> tuple[Ref, bytes, bytes, bytes | None]:
+        """Interior node `node` (its keys' full prefix `base`, its end `high`): child i's
+        reference, full prefix, first key and end."""
+        end = base + node.keys[i + 1] if i + 1 < len(node.keys) else high
+        return node.ref(i), base + node.subtree(i), base + node.keys[i], end
 
     async def _lookup(self, key: str) -> tuple[BtreeNode, int] | None:
         """The leaf and entry that hold `key`, or None."""
@@ -92,9 +117,9 @@ class OcdbtStore(Store):
         if root is None:
             return None
         want = key.encode("utf-8", "surrogateescape")
-        ref, height, at = root, self.generation.height, 0
+        ref, height, at, low, high = root, self.generation.height, 0, b"", None
         while True:
-            node = await self._node(ref, height, key)
+            node = await self._node(ref, height, key, want[:at], low, high)
             rest = want[at:]
             if not rest.startswith(node.prefix):
                 return None
@@ -109,12 +134,15 @@ class OcdbtStore(Store):
             common = node.subtree(i)
             if not rest.startswith(common):
                 return None
-            ref, height, at = node.ref(i), height - 1, at + len(common)
+            ref, above, low, high = self._below(node, i, want[:at], high)
+            height, at = height - 1, len(above)
 
-    async def _seek(self, ref: Ref, height: int, above: bytes, low: bytes, where: str) -> tuple[BtreeNode, int, bytes] | None:
-        """The leaf, entry and key prefix of the first key >= `low` below `ref` (None: none).
+    async def _seek(self, ref: Ref, height: int, above: bytes, low: bytes, where: str, first: bytes = b"",
+                    high: bytes | None = None) -> tuple[BtreeNode, int, bytes] | None:
+        """The leaf, entry and key prefix of the first key >= `low` below `ref` (None: none),
+        whose keys are in [`first`, `high`) (`_node`).
         At most two children of a node are tried: past the first, every key is >= `low`."""
-        node = await self._node(ref, height, where)
+        node = await self._node(ref, height, where, above, first, high)
         base = above + node.prefix
         if low <= base:
             i = 0
@@ -126,7 +154,8 @@ class OcdbtStore(Store):
         if height == 0:
             return (node, i, base) if i < len(node.keys) else None
         for j in range(i, len(node.keys)):
-            found = await self._seek(node.ref(j), height - 1, base + node.subtree(j), low, where)
+            child, below, start, end = self._below(node, j, base, high)
+            found = await self._seek(child, height - 1, below, low, where, start, end)
             if found is not None:
                 return found
         return None

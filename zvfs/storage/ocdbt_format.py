@@ -38,11 +38,18 @@ MAX_ARITY_LOG2 = 16
 #: the node's common prefix (stripped) and add a few bytes each (tensorstore's chunk keys
 #: `c/1/2/3`: ~3 key bytes per ~6-byte entry)
 KEY_BLOWUP = 16
+#: bytes a decoded node holds per entry besides its keys: the key ends and five numpy columns
+#: (files, offsets, lengths, common, value_ends), 8 bytes each (`nbytes`)
+HELD_PER_ENTRY = 48
 MISSING = (1 << 64) - 1  # offset and length of an absent B+tree root (an empty database)
 
 
 class FormatError(ValueError):
     """Bytes that are not a valid OCDBT manifest or node (one line)."""
+
+
+class TooLarge(FormatError):
+    """A node larger, decompressed or decoded, than the caller's limit allows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +202,8 @@ class _Reader:
 def unwrap(encoded: bytes, magic: int, max_decoded: int) -> bytes:
     """The body of an encoded manifest or node: header (magic uint32be, length uint64le,
     version varint, compression varint), body (zstd or plain), CRC-32C (uint32le) of all before
-    it. The decompressed body may not exceed `max_decoded` bytes."""
+    it. The decompressed body may not exceed `max_decoded` bytes: a zstd body is refused
+    unread when its frame declares more, else as it inflates past it."""
     if len(encoded) < 16:
         raise FormatError(f"{len(encoded)} bytes: shorter than a header")
     found = int.from_bytes(encoded[:4], "big")
@@ -216,7 +224,7 @@ def unwrap(encoded: bytes, magic: int, max_decoded: int) -> bytes:
     body = encoded[r.pos:-4]
     if compression == 0:
         if len(body) > max_decoded:
-            raise FormatError(f"{len(body)} bytes, over the limit of {max_decoded}")
+            raise TooLarge(f"{len(body)} bytes, over the limit of {max_decoded}")
         return body
     if compression == 1:
         return _unzstd(body, max_decoded)
@@ -230,6 +238,9 @@ def _unzstd(body: bytes, limit: int) -> bytes:
 
     out = bytearray()
     try:
+        declared = zstandard.frame_content_size(body)
+        if declared > limit:  # (-1: not declared)
+            raise TooLarge(f"declares {declared} bytes decompressed, over the limit of {limit}")
         with zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True) as reader:
             while True:
                 piece = reader.read(min(1 << 20, limit + 1 - len(out)))
@@ -237,7 +248,7 @@ def _unzstd(body: bytes, limit: int) -> bytes:
                     break
                 out += piece
                 if len(out) > limit:
-                    raise FormatError(f"decompresses to over the limit of {limit} bytes")
+                    raise TooLarge(f"decompresses to over the limit of {limit} bytes")
     except zstandard.ZstdError as e:
         raise FormatError(f"zstd: {e}") from None
     return bytes(out)
@@ -453,6 +464,8 @@ def decode_btree_node(encoded: bytes, base: str, limit: int) -> BtreeNode:
     total = int(key_len.sum()) - n * shared
     if total > KEY_BLOWUP * len(body) + (1 << 20):
         raise FormatError(f"keys rebuild to {total} bytes, out of proportion to the node")
+    if total + HELD_PER_ENTRY * n > limit:  # what `nbytes` will count at least, before any of it is built
+        raise TooLarge(f"{n} entries of {total} key bytes: over {limit} bytes decoded")
     if int(suffix_len.sum()) > r.remaining():
         raise FormatError("keys longer than the node")
     suffixes = r.take(int(suffix_len.sum()))
@@ -506,4 +519,6 @@ def decode_btree_node(encoded: bytes, base: str, limit: int) -> BtreeNode:
     columns = (node.files, node.offsets, node.lengths, node.common, node.value_ends)
     node.nbytes = (len(node.keys.blob) + 8 * n + len(node.values) + sum(c.nbytes for c in columns)
                    + sum(100 + len(p) + len(b) for p, b in table) + 400)
+    if node.nbytes > limit:
+        raise TooLarge(f"{node.nbytes} bytes decoded, over the limit of {limit}")
     return node
