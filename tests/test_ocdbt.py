@@ -15,6 +15,7 @@ import datetime
 import errno
 import os
 import random
+import re
 import shutil
 import tracemalloc
 from pathlib import Path
@@ -128,7 +129,8 @@ def test_a_version_the_database_does_not_hold_is_one_line(dbs, tmp_path):
 
     r = run_zvfs("ls", dbs["root"] / "zarr", "-o", "version=99")
     err = r.stderr.decode().strip()
-    assert r.returncode != 0 and "no generation 99 (the newest is generation 10" in err and len(err.splitlines()) == 1, err
+    # (how many generations tensorstore's commits make depends on its batching: 10 or 11 seen)
+    assert r.returncode != 0 and re.search(r"no generation 99 \(the newest is generation \d+", err) and len(err.splitlines()) == 1, err
     for version, message in [("1999-01-01T00:00:00Z", "no version committed"), ("soon", "neither a generation number"),
                              ("0", "no generation 0")]:
         with pytest.raises(MetadataError, match=message):
@@ -284,7 +286,10 @@ def test_a_chunk_costs_its_value_range_and_nodes_read_once_over_http(dbs, nginx,
     mark = nginx.mark()
     neighbour = (mnt / "s1" / s1[1]).read_bytes()
     reqs = nginx.requests(mark)
-    assert [r.nbytes for r in reqs] == [len(neighbour)], reqs
+    # no node read again: data-file ranges only, the chunk's last (its minishard's index too
+    # where the neighbour's name hashes to another minishard: seen in one CI run of two)
+    assert all(r.status == 206 and r.path.startswith("/precomputed/d/") for r in reqs), reqs
+    assert 1 <= len(reqs) <= 2 and reqs[-1].nbytes == len(neighbour), reqs
 
 
 def test_every_view_over_http_reads_like_tensorstore(dbs, nginx, mounts):

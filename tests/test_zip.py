@@ -37,6 +37,7 @@ from conftest import run_zvfs, zvfs_mount
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_fuzz_parsers import MemoryStore, bounded_allocation
+from test_gcs import cloud, gcs  # noqa: F401 - fixtures
 from test_legacy_tools import READ_OME_04, legacy_venvs, run_in  # noqa: F401 - legacy_venvs is a fixture
 from test_remote import nginx, s3, serve, srv, tree  # noqa: F401 - fixtures
 from test_views import read_n5
@@ -216,6 +217,14 @@ def test_an_archive_over_s3_shows_the_local_tree(archives, mounts, s3, tmp_path)
     shutil.copy(archives["zarr-python.zip"], tmp_path / "up" / "store.zip")
     url = s3.upload(tmp_path / "up", "zips", "x")
     assert tree(mounts(f"{url}/store.zip", options=(f"endpoint={s3.endpoint}",))) == tree(mounts(archives["zarr-python.zip"]))
+
+
+def test_an_archive_over_gcs_shows_the_local_tree(archives, mounts, gcs, tmp_path):  # noqa: F811
+    """An `.ozx` in a bucket of the GCS emulator (gcsfs's JSON API), read by ranges."""
+    (tmp_path / "up").mkdir()
+    shutil.copy(archives["image.ozx"], tmp_path / "up" / "image.ozx")
+    url = gcs.upload(tmp_path / "up", "zips", "x")
+    assert tree(mounts(f"{url}/image.ozx", options=(f"endpoint={gcs.url}",))) == tree(mounts(archives["image.ozx"]))
 
 
 def test_request_economy_over_http(srv, nginx, mounts, tmp_path_factory):  # noqa: F811
