@@ -156,3 +156,47 @@ def test_coalescing_store_returns_the_bytes_of_the_inner_store(reads, window, ca
             assert sorted(store._lru) == sorted((k, b.start) for k, blocks in store._blocks.items() for b in blocks)
 
     trio.run(run)
+
+
+async def test_a_chunk_located_in_a_replaced_shard_is_never_read_at_its_old_offsets(tmp_path, monkeypatch):
+    """An open locates the chunk, then pins the shard: a shard replaced (rename) in between,
+    with the store's descriptor already turned over to the new file by another request, once
+    gave a pin of the new file under the old index's offsets, checked against the new
+    version: another chunk's bytes (1 read in ~14,000 under tests/test_consistency_stress.py).
+    The open must read the chunk as the new shard stores it (or fail), never other bytes."""
+    import os
+
+    import numpy as np
+    import zarr
+
+    import zvfs.storage.local as local
+    from zvfs.core.paths import Paths
+    from zvfs.core.source import open_source
+
+    monkeypatch.setattr(local, "SETTLE_NS", 0)  # versions settled at once: no evidence re-check to hide the fault
+    rng = np.random.default_rng(3)
+    stores, chunk = [], {}
+    for v, top in enumerate((20, 60000)):  # compressed sizes differ: chunk (1, 1) moves in its shard
+        data = rng.integers(0, top, (32, 32), dtype=np.uint16)
+        sharded, plain = tmp_path / f"v{v}.zarr", tmp_path / f"v{v}-plain.zarr"
+        zarr.create_array(str(sharded), shape=data.shape, shards=(32, 32), chunks=(16, 16), dtype="uint16")[...] = data
+        zarr.create_array(str(plain), shape=data.shape, chunks=(16, 16), dtype="uint16")[...] = data
+        stores.append(sharded)
+        chunk[v] = (plain / "c/1/1").read_bytes()
+    assert len(chunk[0]) != len(chunk[1])
+    src = await open_source(str(stores[0]))
+    try:
+        node = await Paths(src).resolve("c/1/1")
+        old = node.ref
+        assert old.version is not None and old.version.settled and old.evidence is None
+        tmp = stores[0] / "c/0/0.tmp"
+        tmp.write_bytes((stores[1] / "c/0/0").read_bytes())
+        os.replace(tmp, stores[0] / "c/0/0")
+        await src.store.current("c/0/0")  # another request sees the new file first
+        handle = await node.open_located(old)
+        try:
+            assert await handle.read(0, len(chunk[1]) + 1) == chunk[1]
+        finally:
+            handle.release()
+    finally:
+        await src.store.aclose()

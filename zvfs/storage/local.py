@@ -577,6 +577,8 @@ class LocalStore(Store):
         kernel does not look; or group and others stopped above anyway)."""
         if not needs_acl(mode) or not mode & bits & 0o077:
             return mode
+        if o.dropped and not o.pins:  # closed while the walk awaited: its number may be another file's
+            return mode & 0o700
         acl = acl_of(o.fd) if o.local else await self._in_thread(o.mount, _acl_blocking, os.dup(o.fd))
         return narrowed(mode, acl, st.st_uid)
 

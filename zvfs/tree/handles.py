@@ -22,7 +22,7 @@ from typing import Hashable
 from ..errors import CorruptShardError, ShardChanged
 from ..formats.chunkref import ChunkRef
 from ..formats.codecs import decode_step
-from ..storage.base import Pin, Store, version_token
+from ..storage.base import Pin, Store, Version, version_token
 from ..storage.cache import CoalescingCache
 
 log = logging.getLogger("zvfs.handles")
@@ -82,11 +82,20 @@ async def read_ref(store: Store, ref: ChunkRef, decode: bool = False) -> bytes:
         pin = await store.pin(ref.key, ref.version)
         if pin is None:
             raise ShardChanged(ref.key, "deleted while mounted")
+        if not pinned_at(pin, ref.version):
+            pin.release()
+            raise ShardChanged(ref.key)
         try:
             data = await RangeHandle(pin, ref, None, ref.length).stored(0, ref.length)
         finally:
             pin.release()
     return await decode_step(ref.decode, data) if decode and ref.decode is not None else data
+
+
+def pinned_at(pin: Pin, version: Version | None) -> bool:
+    """`pin` holds `version` (a local store pins the file the path names now, which may be a
+    later version than the one asked for: `Store.pin`)."""
+    return version is None or pin.version is None or version.same(pin.version)
 
 
 class RangeHandle(Handle):
