@@ -60,27 +60,55 @@ def _by_rename(shard: Path, data: bytes) -> None:
     os.replace(tmp, shard)
 
 
-@pytest.mark.parametrize("how", ["in_place", "in_place_keep_mtime", "rename"])
+@pytest.mark.parametrize("how", ["in_place", "in_place_keep_mtime", "rename", "in_place_keep_mtime_then_rename"])
 def test_an_open_file_reads_one_version(tmp_path, how):
     """Read 1 MiB, rewrite the shard, read the rest through the same handle: all of it the old
-    version, or EIO, never 1 MiB old and 3 MiB new."""
+    version, or EIO, never 1 MiB old and 3 MiB new. A shard replaced by rename keeps its old
+    bytes for the handle (no EIO); one written in place (same size, mtime put back) and then
+    replaced by rename must not pass for the old version."""
     src, new_shard, old, new = _versions(tmp_path)
+    shard = src / "c/0/0"
     with zvfs_mount(src, tmp_path / "mnt", options=["readahead=0"]) as mnt:
         with open(mnt / "c/0/0", "rb", buffering=0) as f:
             first = f.read(1 << 20)
-            if how == "rename":
-                _by_rename(src / "c/0/0", new_shard)
+            if how.endswith("rename"):
+                if how.startswith("in_place"):
+                    _in_place(shard, new_shard, keep_mtime=True)
+                _by_rename(shard, new_shard)
             else:
-                _in_place(src / "c/0/0", new_shard, keep_mtime=how.endswith("keep_mtime"))
+                _in_place(shard, new_shard, keep_mtime=how.endswith("keep_mtime"))
             try:
                 rest = f.read()
             except OSError as e:
                 assert e.errno == errno.EIO, f"{how}: {e!r}"
                 rest = None
         assert first == old[: 1 << 20]
+        if how == "rename":
+            assert rest is not None, "a shard replaced by rename: the open handle keeps its old bytes"
         if rest is not None:
             assert first + rest == old, f"{how}: one handle served two versions"
         assert (mnt / "c/0/0").read_bytes() == new, "a fresh open sees the new version"
+
+
+def test_writers_are_not_held_up_by_the_daemons_leases(tmp_path):
+    """The daemon holds a read lease on each shard it reads (old handles of a shard replaced by
+    rename keep their bytes): a writer's open of the shard waits until the daemon lets go,
+    which must be at once (the kernel would make it wait 45 s), again and again, and the
+    daemon lives on and serves the new bytes."""
+    import time
+
+    src, new_shard, old, new = _versions(tmp_path)
+    shard = src / "c/0/0"
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        waits = []
+        for data, want in ((new_shard, new), (shard.read_bytes(), old)) * 3:
+            with open(mnt / "c/0/0", "rb") as f:  # (the daemon opens the shard: a lease)
+                f.read(4096)
+            start = time.monotonic()
+            _in_place(shard, data)
+            waits.append(time.monotonic() - start)
+            assert (mnt / "c/0/0").read_bytes() == want
+    assert max(waits) < 5, f"a writer waited {max(waits):.1f} s for the daemon's lease"
 
 
 @pytest.mark.parametrize("how", ["in_place_keep_mtime", "in_place", "rename"])

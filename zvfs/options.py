@@ -60,6 +60,9 @@ OWN = {
                                  "(e.g. umask=022 shares a store closed to others; default: the store's bits, never widened)"),
     "allow_root": ("allow_root", "flag", "let root (only) see the mount besides its owner (adds default_permissions)"),
     "follow_symlinks": ("follow_symlinks", "flag", "local stores: follow symlinks that lead outside the store (trusted stores only)"),
+    "no_leases": ("no_leases", "flag", "local stores: take no read leases on shards (a shard replaced by rename then gives "
+                                      "the handles open on it EIO instead of its old bytes; a lease makes a writer's open of "
+                                      "the shard wait until the daemon lets go, about 1 ms)"),
     "nonempty": ("nonempty", "flag", "mount on a mount point that holds files (hidden while mounted; refused otherwise)"),
     "version": ("version", "str", "OCDBT databases: the version to show, a generation number or a commit time in ISO 8601 "
                                   "(the latest committed then or before; default: the latest)"),
@@ -92,6 +95,7 @@ class MountOptions:
     profile: str | None = None
     anon: bool = False
     follow_symlinks: bool = False
+    no_leases: bool = False
     uid: int | None = None
     gid: int | None = None
     umask: int | None = None

@@ -24,6 +24,7 @@ from ..core.source import open_source
 from ..errors import MetadataError, ZvfsError
 from ..logs import Logs
 from ..options import MountOptions
+from ..storage import leases
 from ..storage.urls import redact
 from .fuse import ZvfsOperations, kernel_table
 from .mounting import READY_FD_ENV, check_mountpoint, shown
@@ -85,6 +86,8 @@ class _Interrupted(Exception):
 
 async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready, logs: Logs) -> None:
     state = {"serving": False, "signal": None}
+    if not opts.no_leases:
+        leases.enable()  # (old handles of a shard replaced by rename keep their bytes: leases.py)
 
     async def on_signals(signals, scope: trio.CancelScope) -> None:
         async for signum in signals:

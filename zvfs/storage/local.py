@@ -111,6 +111,7 @@ from dataclasses import dataclass
 import trio
 
 from ..errors import ShardChanged, StorageError
+from . import leases
 from .access import CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach
 from .base import Entries, Entry, Pin, Store, Version, proof
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
@@ -185,12 +186,14 @@ def _matches(st: os.stat_result, v: Version) -> bool:
             and st.st_ino == tag[1] and st.st_dev == tag[0])
 
 
-def _holds(st: os.stat_result, v: Version) -> bool:
-    """A pinned descriptor still holds version `v`: exactly the same state. (Not "the same file
-    whose last link is gone": an in-place write before the rename over it changes its bytes
-    with a state the check cannot tell from the old, and such a shard was seen serving new
-    bytes under an old version; its old handles get EIO instead: docs/reliability.md.)"""
-    return _matches(st, v)
+def _holds(o: "_Open", st: os.stat_result, v: Version) -> bool:
+    """A pinned descriptor still holds version `v`: exactly the same state, or the state `v`
+    had when the descriptor's read lease was taken, and the lease still holds (leases.py: a
+    shard replaced by rename keeps serving its old handles; its unlink changed its ctime).
+    (Not "the same file whose last link is gone" on its own: an in-place write before the
+    rename over it changes its bytes with a state the check cannot tell from the old, and such
+    a shard was seen serving new bytes under an old version.)"""
+    return _matches(st, v) or o.lease is not None and o.lease == (v.size, v.tag) and leases.holds(o.fd)
 
 
 def _settled(st: os.stat_result) -> bool:
@@ -283,6 +286,7 @@ def _process_budget() -> int:
 def _close(fd: int, local: bool) -> None:
     """Close on the loop for local filesystems; elsewhere in a thread of its own, not awaited:
     close(2) on FUSE sends a synchronous FLUSH, which a hung filesystem never answers."""
+    leases.forget(fd)
     if local:
         os.close(fd)
     else:
@@ -314,6 +318,7 @@ class _Open:
     via: tuple[Dir, ...] | None = None  # the directories a reader passes to it, when walked on its own
     pins: int = 0  # open files holding it (`LocalPin`): it is closed when the last lets go
     dropped: bool = False  # no longer the key's cached descriptor
+    lease: tuple | None = None  # (size, tag) of the file when its read lease was taken (`_holds`)
 
 
 class LocalPin(Pin):
@@ -495,6 +500,8 @@ class LocalStore(Store):
             return self._fds[key], None
         o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local, memory=fstype in MEMORY_FS_TYPES,
                                    fine=fstype in FINE_TIMESTAMPS, real=real)
+        if local and leases.take(fd):
+            o.lease = _state(os.fstat(fd))
         LocalStore.kept += 1
         if len(self._fds) > self._max_open or (LocalStore.kept > _process_budget() and len(self._fds) > 1):
             self._drop(*next(iter(self._fds.items())))
@@ -877,7 +884,7 @@ class LocalStore(Store):
             st = os.fstat(o.fd)
         except OSError as e:
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
-        if not _holds(st, v):
+        if not _holds(o, st, v):
             raise ShardChanged(key)
         return data
 
@@ -890,7 +897,7 @@ class LocalStore(Store):
         except OSError as e:
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
         self._count(data)
-        if not _holds(st, v):
+        if not _holds(o, st, v):
             raise ShardChanged(key)
         return data
 
@@ -899,7 +906,7 @@ class LocalStore(Store):
             same, st = await self._in_thread(o.mount, _verify_blocking, os.dup(o.fd), evidence)
         except OSError as e:
             raise StorageError(f"{self._path(key)}: {e.strerror}") from None
-        if not same or not _holds(st, v):
+        if not same or not _holds(o, st, v):
             return None
         settled = _settled(st) or o.fine and _matches(st, v)  # (behind the barrier)
         return Version(v.size, v.tag, v.mtime, v.mode, v.uid, v.gid, True) if settled else v
