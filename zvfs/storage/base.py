@@ -12,6 +12,7 @@ import array
 import hashlib
 import math
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -54,6 +55,26 @@ class Version:
 
     def same(self, other: "Version | None") -> bool:
         return other is not None and self.size == other.size and self.tag == other.tag
+
+
+#: Versions a store remembers (`SeenVersions`): ~200 bytes each.
+VERSIONS_KEPT = 65536
+
+
+class SeenVersions(OrderedDict[str, Version]):
+    """key -> the `Version` a store last saw it at, for the VERSIONS_KEPT keys seen most
+    recently (the oldest forgotten first): what a remote store answers `current` with, and
+    what the disk cache confirmed in this process."""
+
+    def seen(self, key: str, version: Version | None) -> None:
+        """An answer showed `key` at `version` (None: missing, forgotten)."""
+        if version is None:
+            self.pop(key, None)
+            return
+        self[key] = version
+        self.move_to_end(key)
+        if len(self) > VERSIONS_KEPT:
+            self.popitem(last=False)
 
 
 class Entries:

@@ -81,13 +81,12 @@ import stat
 import struct
 import threading
 import time
-from collections import OrderedDict
 
 import crc32c
 import trio
 
 from ..errors import MetadataError, ShardChanged
-from .base import Entry, Store, Version
+from .base import VERSIONS_KEPT, Entry, SeenVersions, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 
@@ -117,8 +116,6 @@ PENDING_LIMIT = 8 << 20
 MAX_ENTRY = 16 << 20
 #: SQLite's page size (its default) and the WAL index's file ("-shm")
 PAGE, SHM = 4096, 32 << 10
-#: confirmed versions remembered (as FsspecStore.VERSIONS_KEPT)
-CONFIRMED_KEPT = 65536
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -431,7 +428,7 @@ class DiskCachedStore(Store):
         self.cache = cache
         self.identity = identity
         self.display = inner.display
-        self._confirmed: OrderedDict[str, Version] = OrderedDict()
+        self._confirmed = SeenVersions()
         self._validating: dict[str, trio.Event] = {}
         #: key -> (version, start, stop) of the last range `cached` missed: the window the read-ahead
         #: layer then fetches holds it, so it is not looked up again (a miss cost two lookups)
@@ -451,15 +448,6 @@ class DiskCachedStore(Store):
         """`zvfs refresh`: every object is validated again at its next read."""
         self._confirmed.clear()
 
-    def _seen(self, key: str, version: Version | None) -> None:
-        if version is None:
-            self._confirmed.pop(key, None)
-            return
-        self._confirmed[key] = version
-        self._confirmed.move_to_end(key)
-        if len(self._confirmed) > CONFIRMED_KEPT:
-            self._confirmed.popitem(last=False)
-
     async def _validate(self, key: str) -> Version | None:
         """The key's version, asked of the store once (concurrent callers wait for that one)."""
         while (busy := self._validating.get(key)) is not None:
@@ -471,7 +459,7 @@ class DiskCachedStore(Store):
             self.requests += 1
             await self.inner.size(key)
             version = await self.inner.current(key)
-            self._seen(key, version)
+            self._confirmed.seen(key, version)
             return version
         finally:
             del self._validating[key]
@@ -531,7 +519,7 @@ class DiskCachedStore(Store):
         found = await trio.to_thread.run_sync(self.cache.get, name, tag, first, stop) if self.cache.holds(
             name, tag, first, stop) else None
         if found is None:
-            if len(self._missed) > CONFIRMED_KEPT:
+            if len(self._missed) > VERSIONS_KEPT:
                 self._missed.clear()
             self._missed[key] = (version, first, stop)
             return None
@@ -549,7 +537,7 @@ class DiskCachedStore(Store):
             self._confirmed.pop(key, None)
             raise
         self.bytes += len(data or b"")
-        self._seen(key, version)
+        self._confirmed.seen(key, version)
         if data and not self.cache.broken and cacheable(version, time.time(), self.settle):
             first, stop = self._span(version, start, length)
             if stop - first == len(data) and self._pending + len(data) <= PENDING_LIMIT:
@@ -586,7 +574,7 @@ class DiskCachedStore(Store):
         if version is not None:
             return version.size
         size = await self.inner.size(key)
-        self._seen(key, await self.inner.current(key))
+        self._confirmed.seen(key, await self.inner.current(key))
         return size
 
     async def list(self, prefix: str) -> list[Entry] | None:
