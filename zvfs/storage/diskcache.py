@@ -172,14 +172,22 @@ def cacheable(version: Version | None, fetched: float, settle: bool) -> bool:
 
 def secure(directory: str) -> str:
     """Make DIR (0700) if missing, refuse one another user could write to or plant files in,
-    and create the database 0600 (O_EXCL|O_NOFOLLOW: never through a link); its path."""
-    with contextlib.suppress(FileExistsError):
+    and one this user cannot write (saying why), and create the database 0600
+    (O_EXCL|O_NOFOLLOW: never through a link); its path."""
+    try:
         os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        parent = os.path.dirname(os.path.abspath(directory))
+        raise MetadataError(f"cache_dir={directory}", f"cannot make it: {parent}: {unwritable(parent) or e.strerror}") from None
     me = os.geteuid()
     st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
         raise MetadataError(f"cache_dir={directory}", "must be a directory of this user's that no one else can write "
                                                       f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): chmod 700")
+    if why := unwritable(directory):
+        raise MetadataError(f"cache_dir={directory}", why)
     path = os.path.join(directory, DB_NAME)
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
@@ -192,6 +200,20 @@ def secure(directory: str) -> str:
             raise MetadataError(name, "not a regular file of this user's that no one else can write (a symlink, "
                                       f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): remove it")
     return path
+
+
+def unwritable(directory: str) -> str | None:
+    """Why this user cannot write in `directory` (None if it can), in words that name the cause:
+    the errno alone ("Operation not permitted" for an immutable directory, even to root) read
+    as a mount that needs root, and was answered with that hint."""
+    if os.access(directory, os.W_OK, effective_ids=True):
+        return None
+    if os.statvfs(directory).f_flag & os.ST_RDONLY:
+        return "not writable: on a read-only filesystem"
+    st = os.stat(directory)
+    if os.geteuid() == 0 or (st.st_uid == os.geteuid() and st.st_mode & 0o200):
+        return "not writable: immutable or append-only (lsattr -d shows it; chattr -i)"
+    return f"not writable by this user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
 
 
 class DiskCache:
