@@ -16,8 +16,7 @@ from ..options import MountOptions, resolve_caches, storage_options
 from ..storage import Store
 from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.local import LocalStore
-from ..storage.open import open_store
-from ..storage.zipstore import zip_object
+from ..storage.open import open_store, open_zip
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 
@@ -131,7 +130,7 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
         # (no request more for other stores), or first when -o version asks for one of its versions
         kind = None if opts.version else await detect(_probe(store, opts.max_metadata))
         index_share, ocdbt = opts.index_cache // 2, None
-        if kind is None and not opts.version and (zipped := await zip_object(store, opts.max_metadata, decoded)) is not None:
+        if kind is None and not opts.version and (zipped := await open_zip(store, opts.max_metadata, decoded)) is not None:
             store = zipped  # (a URL of a zip archive not named .zip or .ozx)
             kind = await detect(_probe(store, opts.max_metadata))
         if kind is None:
