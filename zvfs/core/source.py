@@ -44,12 +44,8 @@ class OpenSource:
         """A local store root's bits as a reader sees them, and its owner (an archive's: its
         file's; a store over a local store's: what it says; nothing for remote stores): what
         nodes that have none of their own show."""
-        root_mode = getattr(self.store, "root_mode", None)  # local stores, archives in local files
-        if root_mode is not None:
-            mode, uid, gid = root_mode()
-            return Stamp(mode, None, uid, gid)
-        stamp = getattr(self.store, "root_stamp", None)  # a store over a local store (OCDBT)
-        return Stamp(stamp[0], None, stamp[1], stamp[2]) if stamp else Stamp()
+        root = self.store.root_mode()
+        return Stamp() if root is None else Stamp(root[0], None, root[1], root[2])
 
     @property
     def local(self) -> bool:

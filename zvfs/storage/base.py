@@ -188,6 +188,12 @@ class Store(abc.ABC):
         where the store can tell without a listing; None otherwise."""
         return None
 
+    def root_mode(self) -> tuple[int | None, int | None, int | None] | None:
+        """(mode, uid, gid) the store's root shows: the read and search bits a reader has, its
+        owner and group, where the store has them (local files, archives in them, stores over
+        them; None in a place: unknown); None for stores that have none (remote)."""
+        return None
+
     @abc.abstractmethod
     async def read_version(self, key: str, start: int = 0, length: int | None = None) -> tuple[bytes | None, Version | None]:
         """Like `read` (exact range, no read-ahead), plus the version the bytes were read from
