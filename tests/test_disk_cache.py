@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -373,3 +374,43 @@ def test_a_cache_size_below_the_least_is_refused(tmp_path, size):
     with pytest.raises(MetadataError, match="256K"):
         open_store("http://127.0.0.1:9/a.zarr", cache_dir=str(tmp_path / "cache"), cache_size=size)
     assert not (tmp_path / "cache").exists()
+
+
+@contextlib.contextmanager
+def unwritable_dir(tmp_path, how):
+    """A 0700 DIR of root's that cannot be written: immutable (chattr +i) or on a tmpfs
+    remounted read-only; undone after."""
+    if how == "immutable":
+        cache = tmp_path / "cache"
+        cache.mkdir(mode=0o700)
+        subprocess.run(["chattr", "+i", str(cache)], check=True)
+        try:
+            yield cache
+        finally:
+            subprocess.run(["chattr", "-i", str(cache)], check=True)
+        return
+    fs = tmp_path / "ro"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(fs)], check=True)
+    try:
+        (fs / "cache").mkdir(mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+        yield fs / "cache"
+    finally:
+        subprocess.run(["umount", str(fs)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("chattr"), reason="needs root and chattr")
+@pytest.mark.parametrize("how, why", [("immutable", "immutable"), ("read-only", "on a read-only filesystem")])
+def test_a_cache_dir_that_cannot_be_written_is_refused_saying_why(tmp_path, how, why):
+    """(an immutable DIR was refused with EPERM's words and the hint that mounting needs root)"""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with unwritable_dir(tmp_path, how) as cache:
+        for target in (cache, cache / "sub"):  # (DIR itself, or its parent when DIR is to be made)
+            r = subprocess.run([sys.executable, "-m", "zvfs", "mount", "http://127.0.0.1:9/a.zarr", str(mnt), "-o",
+                                f"cache_dir={target}"], capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert f"not writable: {why}" in r.stderr and "hint" not in r.stderr, r.stderr

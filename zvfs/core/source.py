@@ -16,8 +16,7 @@ from ..options import MountOptions, resolve_caches, storage_options
 from ..storage import Store
 from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.local import LocalStore
-from ..storage.open import open_store
-from ..storage.zipstore import zip_object
+from ..storage.open import open_store, open_zip
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 
@@ -45,12 +44,8 @@ class OpenSource:
         """A local store root's bits as a reader sees them, and its owner (an archive's: its
         file's; a store over a local store's: what it says; nothing for remote stores): what
         nodes that have none of their own show."""
-        root_mode = getattr(self.store, "root_mode", None)  # local stores, archives in local files
-        if root_mode is not None:
-            mode, uid, gid = root_mode()
-            return Stamp(mode, None, uid, gid)
-        stamp = getattr(self.store, "root_stamp", None)  # a store over a local store (OCDBT)
-        return Stamp(stamp[0], None, stamp[1], stamp[2]) if stamp else Stamp()
+        root = self.store.root_mode()
+        return Stamp() if root is None else Stamp(root[0], None, root[1], root[2])
 
     @property
     def local(self) -> bool:
@@ -131,7 +126,7 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
         # (no request more for other stores), or first when -o version asks for one of its versions
         kind = None if opts.version else await detect(_probe(store, opts.max_metadata))
         index_share, ocdbt = opts.index_cache // 2, None
-        if kind is None and not opts.version and (zipped := await zip_object(store, opts.max_metadata, decoded)) is not None:
+        if kind is None and not opts.version and (zipped := await open_zip(store, opts.max_metadata, decoded)) is not None:
             store = zipped  # (a URL of a zip archive not named .zip or .ozx)
             kind = await detect(_probe(store, opts.max_metadata))
         if kind is None:

@@ -12,6 +12,7 @@ import array
 import hashlib
 import math
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -54,6 +55,26 @@ class Version:
 
     def same(self, other: "Version | None") -> bool:
         return other is not None and self.size == other.size and self.tag == other.tag
+
+
+#: Versions a store remembers (`SeenVersions`): ~200 bytes each.
+VERSIONS_KEPT = 65536
+
+
+class SeenVersions(OrderedDict[str, Version]):
+    """key -> the `Version` a store last saw it at, for the VERSIONS_KEPT keys seen most
+    recently (the oldest forgotten first): what a remote store answers `current` with, and
+    what the disk cache confirmed in this process."""
+
+    def seen(self, key: str, version: Version | None) -> None:
+        """An answer showed `key` at `version` (None: missing, forgotten)."""
+        if version is None:
+            self.pop(key, None)
+            return
+        self[key] = version
+        self.move_to_end(key)
+        if len(self) > VERSIONS_KEPT:
+            self.popitem(last=False)
 
 
 class Entries:
@@ -165,6 +186,12 @@ class Store(abc.ABC):
     async def info(self, key: str) -> Entry | None:
         """One name as a listing would give it (its owner and bits, for the views' directories),
         where the store can tell without a listing; None otherwise."""
+        return None
+
+    def root_mode(self) -> tuple[int | None, int | None, int | None] | None:
+        """(mode, uid, gid) the store's root shows: the read and search bits a reader has, its
+        owner and group, where the store has them (local files, archives in them, stores over
+        them; None in a place: unknown); None for stores that have none (remote)."""
         return None
 
     @abc.abstractmethod

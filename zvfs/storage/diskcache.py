@@ -81,13 +81,12 @@ import stat
 import struct
 import threading
 import time
-from collections import OrderedDict
 
 import crc32c
 import trio
 
 from ..errors import MetadataError, ShardChanged
-from .base import Entry, Store, Version
+from .base import VERSIONS_KEPT, Entry, SeenVersions, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 
@@ -117,8 +116,6 @@ PENDING_LIMIT = 8 << 20
 MAX_ENTRY = 16 << 20
 #: SQLite's page size (its default) and the WAL index's file ("-shm")
 PAGE, SHM = 4096, 32 << 10
-#: confirmed versions remembered (as FsspecStore.VERSIONS_KEPT)
-CONFIRMED_KEPT = 65536
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -175,14 +172,22 @@ def cacheable(version: Version | None, fetched: float, settle: bool) -> bool:
 
 def secure(directory: str) -> str:
     """Make DIR (0700) if missing, refuse one another user could write to or plant files in,
-    and create the database 0600 (O_EXCL|O_NOFOLLOW: never through a link); its path."""
-    with contextlib.suppress(FileExistsError):
+    and one this user cannot write (saying why), and create the database 0600
+    (O_EXCL|O_NOFOLLOW: never through a link); its path."""
+    try:
         os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        parent = os.path.dirname(os.path.abspath(directory))
+        raise MetadataError(f"cache_dir={directory}", f"cannot make it: {parent}: {unwritable(parent) or e.strerror}") from None
     me = os.geteuid()
     st = os.stat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
         raise MetadataError(f"cache_dir={directory}", "must be a directory of this user's that no one else can write "
                                                       f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): chmod 700")
+    if why := unwritable(directory):
+        raise MetadataError(f"cache_dir={directory}", why)
     path = os.path.join(directory, DB_NAME)
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
@@ -195,6 +200,20 @@ def secure(directory: str) -> str:
             raise MetadataError(name, "not a regular file of this user's that no one else can write (a symlink, "
                                       f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): remove it")
     return path
+
+
+def unwritable(directory: str) -> str | None:
+    """Why this user cannot write in `directory` (None if it can), in words that name the cause:
+    the errno alone ("Operation not permitted" for an immutable directory, even to root) read
+    as a mount that needs root, and was answered with that hint."""
+    if os.access(directory, os.W_OK, effective_ids=True):
+        return None
+    if os.statvfs(directory).f_flag & os.ST_RDONLY:
+        return "not writable: on a read-only filesystem"
+    st = os.stat(directory)
+    if os.geteuid() == 0 or (st.st_uid == os.geteuid() and st.st_mode & 0o200):
+        return "not writable: immutable or append-only (lsattr -d shows it; chattr -i)"
+    return f"not writable by this user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
 
 
 class DiskCache:
@@ -431,7 +450,7 @@ class DiskCachedStore(Store):
         self.cache = cache
         self.identity = identity
         self.display = inner.display
-        self._confirmed: OrderedDict[str, Version] = OrderedDict()
+        self._confirmed = SeenVersions()
         self._validating: dict[str, trio.Event] = {}
         #: key -> (version, start, stop) of the last range `cached` missed: the window the read-ahead
         #: layer then fetches holds it, so it is not looked up again (a miss cost two lookups)
@@ -451,15 +470,6 @@ class DiskCachedStore(Store):
         """`zvfs refresh`: every object is validated again at its next read."""
         self._confirmed.clear()
 
-    def _seen(self, key: str, version: Version | None) -> None:
-        if version is None:
-            self._confirmed.pop(key, None)
-            return
-        self._confirmed[key] = version
-        self._confirmed.move_to_end(key)
-        if len(self._confirmed) > CONFIRMED_KEPT:
-            self._confirmed.popitem(last=False)
-
     async def _validate(self, key: str) -> Version | None:
         """The key's version, asked of the store once (concurrent callers wait for that one)."""
         while (busy := self._validating.get(key)) is not None:
@@ -471,7 +481,7 @@ class DiskCachedStore(Store):
             self.requests += 1
             await self.inner.size(key)
             version = await self.inner.current(key)
-            self._seen(key, version)
+            self._confirmed.seen(key, version)
             return version
         finally:
             del self._validating[key]
@@ -531,7 +541,7 @@ class DiskCachedStore(Store):
         found = await trio.to_thread.run_sync(self.cache.get, name, tag, first, stop) if self.cache.holds(
             name, tag, first, stop) else None
         if found is None:
-            if len(self._missed) > CONFIRMED_KEPT:
+            if len(self._missed) > VERSIONS_KEPT:
                 self._missed.clear()
             self._missed[key] = (version, first, stop)
             return None
@@ -549,7 +559,7 @@ class DiskCachedStore(Store):
             self._confirmed.pop(key, None)
             raise
         self.bytes += len(data or b"")
-        self._seen(key, version)
+        self._confirmed.seen(key, version)
         if data and not self.cache.broken and cacheable(version, time.time(), self.settle):
             first, stop = self._span(version, start, length)
             if stop - first == len(data) and self._pending + len(data) <= PENDING_LIMIT:
@@ -586,7 +596,7 @@ class DiskCachedStore(Store):
         if version is not None:
             return version.size
         size = await self.inner.size(key)
-        self._seen(key, await self.inner.current(key))
+        self._confirmed.seen(key, await self.inner.current(key))
         return size
 
     async def list(self, prefix: str) -> list[Entry] | None:

@@ -53,7 +53,7 @@ class OcdbtStore(Store):
         self.generation = generation
         self.implicit: dict[str, bytes] = {}  # keys shown that the database does not hold (IMPLICIT_ROOT)
         #: (mode, uid, gid) every node shows, when the store below has them (local): `_stamp`
-        self.root_stamp: tuple[int, int | None, int | None] | None = None
+        self._root: tuple[int, int | None, int | None] | None = None
         self.nodes = CoalescingCache(cache_bytes, patience=inner.patience, name=inner.display)
         config = manifest.config
         self.node_limit = min(MAX_NODE, max(1 << 20, 2 * config.max_decoded_node_bytes))
@@ -67,6 +67,9 @@ class OcdbtStore(Store):
     @property
     def patience(self) -> float:  # type: ignore[override]
         return self.inner.patience
+
+    def root_mode(self) -> tuple[int, int | None, int | None] | None:
+        return self._root
 
     # -- the B+tree
 
@@ -308,7 +311,7 @@ async def open_ocdbt(store: Store, version: str | None, cache_bytes: int) -> Ocd
         ocdbt.generation = await _pick(ocdbt, version, where)
     if await _arrays_without_root(ocdbt):
         ocdbt.implicit["zarr.json"] = IMPLICIT_ROOT
-    ocdbt.root_stamp = await _stamp(store)
+    ocdbt._root = await _stamp(store)
     g = ocdbt.generation
     log.info("%s: OCDBT database, generation %d of %d (committed %s)", store.display, g.number,
              manifest.versions[-1].number, _when(g.commit_ns))

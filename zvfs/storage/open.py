@@ -11,7 +11,7 @@ from .base import Store
 from .cache import CoalescingCache
 from .local import LocalStore
 from .urls import redact
-from .zipstore import ZipStore, zip_named
+from .zipstore import ZipStore, zip_headed, zip_named
 
 
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
@@ -38,7 +38,6 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
         return LocalStore(path, follow_symlinks=follow_symlinks)
     import fsspec  # (and the remote stores: fsspec, stamina and asyncio cost local mounts 60 ms at start)
 
-    from .readahead import CoalescingStore
     from .remote import FsspecStore
 
     try:
@@ -75,6 +74,29 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
             endpoint = (storage_options or {}).get("endpoint_url") or ""
             store = DiskCachedStore(store, cache, identity=hashlib.sha256(f"{source}\0{endpoint}".encode()).hexdigest(),
                                     settle=source.split("://", 1)[0] in ("http", "https"))
-    if zip_named(source):  # (read-ahead above the archive: its streams and blocks are the entries')
+    return _upper_layers(store, zip_named(source), max_directory, inflated, readahead, block_cache)
+
+
+def _upper_layers(store: Store, archive: bool, max_directory: int, inflated: CoalescingCache | None,
+                  readahead: int, block_cache: int) -> Store:
+    """What `open_store` lays over a remote store (or its disk cache): the zip archive it holds
+    where `archive`, then read-ahead (above the archive: its streams and blocks are the entries')."""
+    from .readahead import CoalescingStore
+
+    if archive:
         store = ZipStore(store, "", store.display, max_directory, inflated)
     return CoalescingStore(store, window=readahead, cache_bytes=block_cache) if readahead else store
+
+
+async def open_zip(store: Store, max_directory: int, inflated: CoalescingCache | None = None) -> Store | None:
+    """`store`, as `open_store` made it, read as the zip archive its root object is, where it is
+    one: a URL of an archive not named so, with the layers `open_store` gives one. None for
+    local stores and archives already open (`open_store` opens local files as archives)."""
+    from .readahead import CoalescingStore
+
+    ahead = store if isinstance(store, CoalescingStore) else None
+    below = ahead.inner if ahead is not None else store
+    if isinstance(below, (ZipStore, LocalStore)) or not await zip_headed(below):
+        return None
+    return _upper_layers(below, True, max_directory, inflated, ahead.window if ahead else 0,
+                         ahead.cache_bytes if ahead else 0)

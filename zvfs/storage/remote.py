@@ -60,7 +60,7 @@ import stamina
 import trio
 
 from ..errors import ShardChanged, StorageError
-from .base import Entry, Store, Version
+from .base import VERSIONS_KEPT, Entry, SeenVersions, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 #: stamina logs a bare "stamina.retry_scheduled" warning per retry; ours (debug) names the key
@@ -78,8 +78,6 @@ BACKOFF_FIRST, BACKOFF_MAX, BACKOFF_JITTER = 0.05, 2.0, 0.05
 #: ignores Range costs the whole object per read, which is bearable for small objects only.
 WHOLE_BODY_LIMIT = 64 << 20
 MAX_REDIRECTS = 5
-#: Versions remembered per key (for `current`): ~200 bytes each.
-VERSIONS_KEPT = 65536
 #: Stalls (`FsspecStore._run`): a call left unanswered after SLOW_FAILURE seconds or more
 #: (or during a stall) is answered with the same failure, at once, for FAILURE_MEMORY
 #: seconds, and begins a stall; it lasts GRACE past its deadline; calls made after that
@@ -243,7 +241,7 @@ class FsspecStore(Store):
         #: async backends (HTTP, S3, GCS) run their coroutines on fsspec's own event loop
         #: thread: submit to it directly instead of through a worker thread (one hop, not two)
         self._loop = getattr(fs, "loop", None) if getattr(fs, "async_impl", False) else None
-        self._versions: OrderedDict[str, Version] = OrderedDict()
+        self._versions = SeenVersions()
         self._failed: dict[str, tuple[float, str]] = {}  # key -> (until when, message): `_run`
         self._stall: tuple[float, float] | None = None  # (when its first call began, until when)
         self._typical = PROBE_MIN / 4  # seconds a call that succeeds takes (moving average)
@@ -369,15 +367,6 @@ class FsspecStore(Store):
 
     # -- versions
 
-    def _seen(self, key: str, version: Version | None) -> None:
-        if version is None:
-            self._versions.pop(key, None)
-            return
-        self._versions[key] = version
-        self._versions.move_to_end(key)
-        if len(self._versions) > VERSIONS_KEPT:
-            self._versions.popitem(last=False)
-
     async def current(self, key: str) -> Version | None:
         return self._versions.get(key)
 
@@ -428,7 +417,7 @@ class FsspecStore(Store):
         except ShardChanged:
             self._versions.pop(key, None)  # the next open learns the new version
             raise
-        self._seen(key, version)
+        self._versions.seen(key, version)
         return data, version
 
     async def size(self, key: str) -> int | None:
@@ -443,7 +432,7 @@ class FsspecStore(Store):
             return None
         if info.get("type") == "directory":
             return None
-        self._seen(key, generic_version(info))
+        self._versions.seen(key, generic_version(info))
         return int(info["size"])
 
     async def list(self, prefix: str) -> list[Entry] | None:

@@ -45,7 +45,6 @@ import trio
 from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, ZvfsError, first_time
 from .base import Entries, Store, Version
 from .cache import CoalescingCache, decoded_size
-from .local import LocalStore
 
 log = logging.getLogger("zvfs.zip")
 
@@ -553,25 +552,13 @@ class ZipStore(Store):
         await self.inner.aclose()
 
 
-async def zip_object(store: Store, max_directory: int, inflated: CoalescingCache | None = None) -> Store | None:
-    """The store's root object as a zip archive, where it is one (its first bytes are a local
-    header, or the end record of an empty archive): a URL of an archive not named so, read
-    as `open_store` reads one (read-ahead above the archive). Local files are opened as
-    archives by `open_store` already."""
-    from .readahead import CoalescingStore  # (with the remote stores: only for URLs)
-
-    coalescing = store if isinstance(store, CoalescingStore) else None
-    below = store.inner if coalescing is not None else store
-    if isinstance(below, (ZipStore, LocalStore)):
-        return None
+async def zip_headed(store: Store) -> bool:
+    """Whether the store's root object begins as a zip archive does (a local header, or the end
+    record of an empty archive); False where it cannot be read."""
     try:
-        head = await below.read("", 0, 4)
+        return await store.read("", 0, 4) in (SIG_LOC, SIG_EOCD)
     except ZvfsError:
-        return None
-    if head not in (SIG_LOC, SIG_EOCD):
-        return None
-    archive = ZipStore(below, "", store.display, max_directory, inflated)
-    return archive if coalescing is None else CoalescingStore(archive, coalescing.window, coalescing.cache_bytes)
+        return False
 
 
 def zip_named(source: str) -> bool:
