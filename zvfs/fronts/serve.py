@@ -20,6 +20,7 @@ from ..core.source import open_source
 from ..errors import MetadataError, StorageError, ZvfsError
 from ..logs import Logs
 from ..options import MountOptions
+from .access_log import AccessLog
 from .http import App
 from .mounting import shown
 
@@ -29,8 +30,9 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 DRAIN = 30.0  # seconds requests in flight get after SIGTERM
 
 
-def _config(listen: str, access_log: bool) -> Config:
+def _config(listen: str, access_log: bool, logs: Logs) -> Config:
     config = Config()
+    config.logger_class = AccessLog.logger_class(logs)
     config.bind = [listen]
     config.accesslog = logging.getLogger("zvfs.access") if access_log else None
     config.errorlog = logging.getLogger("zvfs.server")
@@ -41,6 +43,7 @@ def _config(listen: str, access_log: bool) -> Config:
 
 async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], max_age: int, access_log: bool,
                  logs: Logs) -> None:
+    config = _config(listen, access_log, logs)
     try:
         opened = await open_source(source, opts)
     except StorageError as e:
@@ -50,7 +53,6 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
     try:
         app = App(Paths(opened, Shown(opened.root, opts.uid, opts.gid, opts.umask), public=True), cors, max_age)
         stop = trio.Event()
-        config = _config(listen, access_log)
         try:  # (here, not in hypercorn's task: a refusal is one line, not an exception group)
             sockets = config.create_sockets()
             for sock in sockets.insecure_sockets:
@@ -69,16 +71,21 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
                 return
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(on_signals, signals)
-                binds = await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
-                                                    sockets=sockets, shutdown_trigger=stop.wait))
-                url = binds[0].rstrip("/") + "/"
-                log.info("serving %s (%s view) at %s", opened.store.display, opened.view, url)
-                print(f"zvfs: serving {opened.store.display} ({opened.view} view) at {url}", flush=True)
-                await stop.wait()
+            async with trio.open_nursery() as flushing:
+                flushing.start_soon(config.log.flush_every_second)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(on_signals, signals)
+                    binds = await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"),
+                                                        config,
+                                                        sockets=sockets, shutdown_trigger=stop.wait))
+                    url = binds[0].rstrip("/") + "/"
+                    log.info("serving %s (%s view) at %s", opened.store.display, opened.view, url)
+                    print(f"zvfs: serving {opened.store.display} ({opened.view} view) at {url}", flush=True)
+                    await stop.wait()
+                flushing.cancel_scope.cancel()  # (hypercorn has returned: the drain is over)
             log.info("stopped")
     finally:
+        config.log.flush()  # (every line, whatever ended the server)
         with trio.CancelScope(shield=True):
             await opened.store.aclose()
 
