@@ -335,6 +335,31 @@ def test_sigterm_drains_requests_in_flight(public_tmp):
         server.stop()
 
 
+def test_sigterm_drain_is_bounded(public_tmp):
+    """A client that never reads its large response holds the drain for `--drain` seconds, no
+    longer: its connection is closed, a warning says so, exit 0."""
+    root = public_tmp / "store.zarr"
+    _write(root)
+    (root / "big.bin").write_bytes(os.urandom(32 << 20))
+    server = ZvfsServe(root, "--drain", "1", log=public_tmp / "serve.log").start()
+    try:
+        stuck = socket.create_connection(("127.0.0.1", server.port))
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.5)
+        t = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert server.proc.wait(1 + 5) == 0  # type: ignore[union-attr]
+        seconds = time.monotonic() - t
+        assert 1 <= seconds < 1 + 3, seconds
+        text = (public_tmp / "serve.log").read_text()
+        assert "requests still in flight after 1 s (--drain)" in text
+        assert '"GET /big.bin 1.1" - - "-" "-"' in text  # (its access log line: no response finished)
+        stuck.close()
+    finally:
+        server.stop()
+
+
 def test_slow_clients_do_not_hold_up_others(public_tmp):
     root = public_tmp / "store.zarr"
     data = _write(root)
