@@ -131,11 +131,12 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
                     await stop.wait()
                     stopping = trio.current_time()
                 outer.cancel_scope.cancel()  # (hypercorn has returned: the drain is over)
+            config.log.flush()  # (the last requests' lines before the lines that say it stopped)
             if trio.current_time() - stopping >= drain:
                 log.warning("requests still in flight after %g s (--drain): their connections were closed", drain)
             log.info("stopped")
     finally:
-        config.log.flush()  # (every line, whatever ended the server)
+        config.log.flush()  # (whatever ended the server)
         with trio.CancelScope(shield=True):
             await opened.store.aclose()
 
