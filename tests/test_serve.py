@@ -248,6 +248,64 @@ def test_endpoints(served):
     assert codes["200"] >= 1
 
 
+SCOPES = [  # (request, response) as hypercorn gives them to its logger
+    ({"type": "http", "http_version": "1.1", "method": "GET", "path": "/img/c/0/0", "query_string": b"x=1",
+      "headers": [(b"host", b"x"), (b"User-Agent", b"curl/8.5"), (b"referer", b"https://viewer.example/#!a")],
+      "client": ("127.0.0.1", 50123), "scheme": "http"}, {"status": 206, "headers": [(b"content-length", b"17")]}),
+    ({"type": "http", "http_version": "1.0", "method": "HEAD", "path": "/caf\u00e9 \"q\"", "query_string": b"",
+      "headers": [], "client": None, "scheme": "http"}, {"status": 404, "headers": []}),
+    ({"type": "http", "http_version": "2", "method": "GET", "path": "/", "query_string": b"",
+      "headers": [(b"user-agent", b"\xff")], "client": ("/run/s",), "scheme": "https"}, None),
+]
+
+
+def test_access_log_line_is_hypercorns():
+    """The access log writes hypercorn's own default line (`access_log_format`), built directly."""
+    import logging
+    from types import SimpleNamespace
+
+    import trio
+    from hypercorn.config import Config
+    from hypercorn.logging import Logger
+
+    from zvfs.fronts.access_log import AccessLog
+
+    class Held(logging.Handler):
+        def emit(self, record):
+            theirs.append(record.getMessage())
+
+    config = Config()
+    config.accesslog = logging.getLogger("zvfs.test-access")
+    config.accesslog.handlers[:] = [Held()]
+    config.accesslog.propagate = False
+    config.accesslog.setLevel(logging.INFO)
+    held: list = []
+    ours = AccessLog.logger_class(SimpleNamespace(write=held.extend))(config)
+    for request, response in SCOPES:
+        for _ in range(3):  # (again if the second turned between the two)
+            theirs: list[str] = []
+            held.clear()
+            trio.run(Logger(config).access, request, response, 0.01)
+            trio.run(ours.access, request, response, 0.01)
+            ours.flush()
+            if [r.getMessage() for r in held] == theirs:
+                break
+        assert [r.getMessage() for r in held] == theirs
+        assert held[0].name == "zvfs.test-access" and held[0].levelno == logging.INFO
+
+
+def test_access_log_is_written_within_a_second(served):
+    server, _, data = served
+    _get(server, "/img/c/0/3", {"User-Agent": "access-test/1", "Referer": "https://r.example/"})
+    want = '"GET /img/c/0/3 1.1" 200 256 "https://r.example/" "access-test/1"'
+    give_up = time.monotonic() + 3
+    while want not in Path(server.log).read_text():
+        assert time.monotonic() < give_up, "no access log line after 3 s"
+        time.sleep(0.1)
+    line = next(x for x in Path(server.log).read_text().splitlines() if want in x)
+    assert " INFO zvfs.access: 127.0.0.1:" in line, line
+
+
 def test_sigterm_drains_requests_in_flight(public_tmp):
     root = public_tmp / "store.zarr"
     _write(root)
@@ -273,6 +331,31 @@ def test_sigterm_drains_requests_in_flight(public_tmp):
         head, _, body = bytes(got).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and body == big
         assert server.proc.wait(40) == 0  # type: ignore[union-attr]
+    finally:
+        server.stop()
+
+
+def test_sigterm_drain_is_bounded(public_tmp):
+    """A client that never reads its large response holds the drain for `--drain` seconds, no
+    longer: its connection is closed, a warning says so, exit 0."""
+    root = public_tmp / "store.zarr"
+    _write(root)
+    (root / "big.bin").write_bytes(os.urandom(32 << 20))
+    server = ZvfsServe(root, "--drain", "1", log=public_tmp / "serve.log").start()
+    try:
+        stuck = socket.create_connection(("127.0.0.1", server.port))
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.5)
+        t = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert server.proc.wait(1 + 5) == 0  # type: ignore[union-attr]
+        seconds = time.monotonic() - t
+        assert 1 <= seconds < 1 + 3, seconds
+        text = (public_tmp / "serve.log").read_text()
+        assert "requests still in flight after 1 s (--drain)" in text
+        assert '"GET /big.bin 1.1" - - "-" "-"' in text  # (its access log line: no response finished)
+        stuck.close()
     finally:
         server.stop()
 

@@ -202,3 +202,44 @@ def test_a_hung_shard_costs_the_other_fronts_its_own_files_only(store, tmp_path)
         got = {words[0]: words[1:] for words in lines}
         assert "a/c/0/1" in got and got["a/c/0/1"][0] == "error" and float(got["a/c/0/1"][1]) < STALL_PATIENCE + 2, lines
         assert "a/c/0/5" in got and bytes.fromhex(got["a/c/0/5"][0]) == chunk(data, 5), lines
+
+
+def test_sigterm_stops_serve_while_a_request_waits_on_a_hung_shard(store, tmp_path):
+    """SIGTERM while a request waits on the hung shard: the request is answered (502 once the
+    open has waited STALL_PATIENCE), the server stops listening, writes its last lines and
+    exits within STALL_PATIENCE + 3 s, below its drain bound. Its thread in the open of the
+    hung FUSE file keeps the kernel from reaping it (a zombie: no code of its runs; the kernel
+    cannot end a FUSE request the daemon has taken) until the hung filesystem is gone: then
+    status 0, nothing left behind."""
+    import signal
+    import socket
+
+    from servers import ZvfsServe
+
+    from zvfs.fronts.serve import DRAIN
+
+    server = None
+    try:
+        with hung_shard(store, tmp_path) as root:
+            server = ZvfsServe(root, "-o", "umask=022", log=tmp_path / "serve.log").start()
+            pid = server.proc.pid  # type: ignore[union-attr]
+            with socket.create_connection(("127.0.0.1", server.port)) as waiting:
+                waiting.sendall(b"GET /a/c/0/1 HTTP/1.1\r\nHost: x\r\n\r\n")
+                time.sleep(0.5)
+                t = time.monotonic()
+                server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                while server.proc.poll() is None and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text():
+                    assert time.monotonic() < t + STALL_PATIENCE + 3, "zvfs serve still runs after SIGTERM"
+                    time.sleep(0.1)
+                print(f"\nzvfs serve ended {time.monotonic() - t:.1f} s after SIGTERM (drain bound {DRAIN:g} s)")
+                waiting.settimeout(5)
+                assert waiting.recv(1 << 16).startswith(b"HTTP/1.1 502")
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", server.port), timeout=2)
+            text = (tmp_path / "serve.log").read_text()
+            assert '"GET /a/c/0/1 1.1" 502' in text and "INFO zvfs: stopped" in text, text
+        assert server.proc.wait(5) == 0  # type: ignore[union-attr]
+    finally:
+        if server and server.proc.poll() is None:  # type: ignore[union-attr]
+            server.proc.kill()  # type: ignore[union-attr]
+            server.proc.wait()  # type: ignore[union-attr]

@@ -265,6 +265,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="seconds HTTP caches may keep a file without asking again (default 0: they revalidate, "
                          "answered 304 while unchanged)")
     sv.add_argument("--no-access-log", dest="access_log", action="store_false", help="do not log each request")
+    sv.add_argument("--drain", metavar="SECONDS", type=float, default=30.0,
+                    help="on SIGTERM or SIGINT, seconds requests in flight get to finish before their connections "
+                         "are closed (default 30; below the supervisor's own limit: systemd's TimeoutStopSec, "
+                         "Kubernetes' terminationGracePeriodSeconds)")
 
     ls = sub.add_parser("ls", help="list a directory of the virtual tree without mounting",
                         description="List PATH in the virtual tree of SOURCE (directories end in '/').")
@@ -378,7 +382,9 @@ def cmd_serve(args) -> int:
 
     if args.max_age < 0:
         raise UsageError("--max-age: must be 0 or more")
-    return run(args.source, _mount_options(args), args.listen, args.cors, args.max_age, args.access_log)
+    if not 0 <= args.drain < float("inf"):
+        raise UsageError("--drain: must be 0 or more seconds")
+    return run(args.source, _mount_options(args), args.listen, args.cors, args.max_age, args.access_log, args.drain)
 
 
 def _zvfs_mount_point(path: str) -> str:

@@ -1,12 +1,24 @@
 """`zvfs serve`: open the source, serve its view over HTTP (fronts/http.py) with hypercorn's
 trio worker until SIGTERM or SIGINT, then drain: no new connections, requests in flight are
-answered (for up to `DRAIN` seconds), and the exit status is 0. SIGHUP reopens a `log=FILE`.
-The URL is printed on stdout once the socket listens (`--listen HOST:0` picks a free port)."""
+answered for up to `--drain` seconds (default `DRAIN`), then hypercorn's `graceful_timeout`
+closes the connections still open (a warning says so), and the exit status is 0 either way
+(the process was asked to stop and has stopped; a non-zero status would mark a systemd unit
+failed). SIGHUP reopens a `log=FILE`. The URL is printed on stdout once the socket listens
+(`--listen HOST:0` picks a free port).
+
+Nothing a request waits on holds the stop beyond the drain: a read of a local file on a hung
+mount gives up after `STALL_PATIENCE` (its thread abandoned), a remote store's after its
+deadlines. The kernel may still hold the process after it has exited: a thread in an open of
+a FUSE file whose daemon took the request and never answers cannot die until the daemon
+answers or its connection is aborted (`fusermount3 -uz`, the daemon killed); the server has
+stopped listening and its status is 0, reaped then (tests/test_stalls.py)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 from functools import partial
 
 import trio
@@ -20,27 +32,58 @@ from ..core.source import open_source
 from ..errors import MetadataError, StorageError, ZvfsError
 from ..logs import Logs
 from ..options import MountOptions
+from .access_log import AccessLog
 from .http import App
 from .mounting import shown
 
 log = logging.getLogger("zvfs")
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
-DRAIN = 30.0  # seconds requests in flight get after SIGTERM
+#: seconds requests in flight get after SIGTERM: a slow reader of a large file finishes, and the
+#: stop still ends within systemd's default TimeoutStopSec (90 s)
+DRAIN = 30.0
 
 
-def _config(listen: str, access_log: bool) -> Config:
+def _config(listen: str, access_log: bool, logs: Logs, drain: float) -> Config:
     config = Config()
+    config.logger_class = AccessLog.logger_class(logs)
     config.bind = [listen]
     config.accesslog = logging.getLogger("zvfs.access") if access_log else None
     config.errorlog = logging.getLogger("zvfs.server")
-    config.graceful_timeout = DRAIN
+    config.graceful_timeout = drain
     config.backlog = 1024  # (64 clients connecting at once must not see refused connections)
     return config
 
 
+def _shut_connections(ports: set[int]) -> int:
+    """Shut down both ways the connections this process accepted (TCP sockets whose local port
+    is one it listens on): how many. hypercorn 0.18 sends in a shielded scope (trio/tcp_server.py,
+    `protocol_send`), so a client that stops reading holds its connection, and the stop, past
+    `graceful_timeout` for good; a shut-down socket fails that send (EPIPE), which hypercorn
+    takes as the client gone. (Outgoing connections to a store never have a listening port as
+    their own.)"""
+    shut = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=int(name))
+        except OSError:  # (closed meanwhile, or not a socket after all)
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getsockname()[1] in ports and sock.getpeername():
+                sock.shutdown(socket.SHUT_RDWR)
+                shut += 1
+        except (OSError, IndexError, TypeError):  # (a listener: no peer; a Unix socket: no port)
+            pass
+        finally:
+            sock.detach()
+    return shut
+
+
 async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], max_age: int, access_log: bool,
-                 logs: Logs) -> None:
+                 drain: float, logs: Logs) -> None:
+    config = _config(listen, access_log, logs, drain)
     try:
         opened = await open_source(source, opts)
     except StorageError as e:
@@ -50,13 +93,18 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
     try:
         app = App(Paths(opened, Shown(opened.root, opts.uid, opts.gid, opts.umask), public=True), cors, max_age)
         stop = trio.Event()
-        config = _config(listen, access_log)
         try:  # (here, not in hypercorn's task: a refusal is one line, not an exception group)
             sockets = config.create_sockets()
             for sock in sockets.insecure_sockets:
                 sock.listen(config.backlog)
         except (OSError, ValueError) as e:
             raise ZvfsError(f"cannot listen on {listen}: {getattr(e, 'strerror', None) or e}") from None
+        ports = {sock.getsockname()[1] for sock in sockets.insecure_sockets}
+
+        async def cut_after_drain() -> None:
+            await trio.sleep(drain + 0.5)  # (hypercorn's own deadline first: it cancels all but sends)
+            log.warning("shut down %d connections still sending %g s after the drain began (clients not reading)",
+                        _shut_connections(ports), drain)
 
         async def on_signals(signals) -> None:
             async for signum in signals:
@@ -66,30 +114,40 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
                 log.info("received %s: draining requests in flight, then exiting", signal.Signals(signum).name)
                 app.draining = True
                 stop.set()
+                outer.start_soon(cut_after_drain)
                 return
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(on_signals, signals)
-                binds = await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
-                                                    sockets=sockets, shutdown_trigger=stop.wait))
-                url = binds[0].rstrip("/") + "/"
-                log.info("serving %s (%s view) at %s", opened.store.display, opened.view, url)
-                print(f"zvfs: serving {opened.store.display} ({opened.view} view) at {url}", flush=True)
-                await stop.wait()
+            async with trio.open_nursery() as outer:  # (what outlives hypercorn's drain)
+                outer.start_soon(config.log.flush_every_second)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(on_signals, signals)
+                    binds = await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"),
+                                                        config,
+                                                        sockets=sockets, shutdown_trigger=stop.wait))
+                    url = binds[0].rstrip("/") + "/"
+                    log.info("serving %s (%s view) at %s", opened.store.display, opened.view, url)
+                    print(f"zvfs: serving {opened.store.display} ({opened.view} view) at {url}", flush=True)
+                    await stop.wait()
+                    stopping = trio.current_time()
+                outer.cancel_scope.cancel()  # (hypercorn has returned: the drain is over)
+            config.log.flush()  # (the last requests' lines before the lines that say it stopped)
+            if trio.current_time() - stopping >= drain:
+                log.warning("requests still in flight after %g s (--drain): their connections were closed", drain)
             log.info("stopped")
     finally:
+        config.log.flush()  # (whatever ended the server)
         with trio.CancelScope(shield=True):
             await opened.store.aclose()
 
 
 def run(source: str, opts: MountOptions, listen: str = DEFAULT_LISTEN, cors: list[str] | None = None,
-        max_age: int = 0, access_log: bool = True) -> int:
+        max_age: int = 0, access_log: bool = True, drain: float = DRAIN) -> int:
     """Serve until signalled: 0 after a clean stop. A source that does not open or an address
     that cannot be listened on raises ZvfsError (the command says it, exit 2)."""
     logs = Logs(opts, background=False)
     try:
-        trio.run(_serve, source, opts, listen, list(cors or []), max_age, access_log, logs)
+        trio.run(_serve, source, opts, listen, list(cors or []), max_age, access_log, drain, logs)
     except ZvfsError as e:
         if opts.log_file:  # (stderr gets it from the command)
             log.error("%s", e)
