@@ -479,3 +479,36 @@ def test_concurrent_readers_with_a_writer_never_mix(public_tmp):
         for t in threads:
             t.join()
     assert not bad, bad[:10]
+
+
+@pytest.fixture
+def public_dir():
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="zvfs-public-", dir="/tmp"))  # (pytest's are 0700: nothing public)
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_writers_are_not_held_up_by_the_servers_leases(public_dir):
+    """The server holds a read lease on each shard it reads (docs/reliability.md, the contract,
+    point 1): a writer's open of the shard must go on at once (the kernel would make it wait
+    45 s), and the next request gets the new bytes."""
+    tmp_path = public_dir
+    old = _write(tmp_path / "old.zarr", seed=1)
+    new = _write(tmp_path / "new.zarr", seed=2)
+    shard = tmp_path / "old.zarr/img/c/0/0"
+    versions = ((tmp_path / "new.zarr/img/c/0/0").read_bytes(), new), (shard.read_bytes(), old)
+    waits = []
+    with ZvfsServe(tmp_path / "old.zarr", log=tmp_path / "serve.log") as server:
+        for shard_bytes, data in versions * 2:
+            assert _get(server, "/img/c/0/0")[0] == 200  # (the server opens the shard: a lease)
+            start = time.monotonic()
+            with open(shard, "r+b") as f:
+                f.write(shard_bytes)
+                f.truncate()
+            waits.append(time.monotonic() - start)
+            status, _, body = _get(server, "/img/c/0/1")
+            assert status == 200 and body == _chunk(data, 0, 1)
+    assert max(waits) < 5, f"a writer waited {max(waits):.1f} s for the server's lease"

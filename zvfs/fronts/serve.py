@@ -32,6 +32,7 @@ from ..core.source import open_source
 from ..errors import MetadataError, StorageError, ZvfsError
 from ..logs import Logs
 from ..options import MountOptions
+from ..storage import leases
 from .access_log import AccessLog
 from .http import App
 from .mounting import shown
@@ -84,6 +85,8 @@ def _shut_connections(ports: set[int]) -> int:
 async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], max_age: int, access_log: bool,
                  drain: float, logs: Logs) -> None:
     config = _config(listen, access_log, logs, drain)
+    if not opts.no_leases:
+        leases.enable()  # (a request reading a shard replaced by rename keeps its bytes: leases.py)
     try:
         opened = await open_source(source, opts)
     except StorageError as e:
