@@ -7,7 +7,7 @@ import trio
 
 from zvfs.storage.base import Version
 
-from zvfs.errors import CorruptShardError, StorageError
+from zvfs.errors import CorruptShardError, ShardChanged, StorageError
 from zvfs.storage.cache import CoalescingCache
 from zvfs.storage.local import LocalStore
 
@@ -158,12 +158,14 @@ def test_coalescing_store_returns_the_bytes_of_the_inner_store(reads, window, ca
     trio.run(run)
 
 
-async def test_a_chunk_located_in_a_replaced_shard_is_never_read_at_its_old_offsets(tmp_path, monkeypatch):
+async def test_a_chunk_located_in_a_replaced_shard_is_never_read_or_pushed_at_its_old_offsets(tmp_path, monkeypatch):
     """An open locates the chunk, then pins the shard: a shard replaced (rename) in between,
     with the store's descriptor already turned over to the new file by another request, once
     gave a pin of the new file under the old index's offsets, checked against the new
     version: another chunk's bytes (1 read in ~14,000 under tests/test_consistency_stress.py).
-    The open must read the chunk as the new shard stores it (or fail), never other bytes."""
+    The open must read the chunk as the new shard stores it (or fail), never other bytes; and
+    the bytes a walk pushes ahead for the node (as its old version) must be that version's or
+    none (they were the new shard's at the old offsets)."""
     import os
 
     import numpy as np
@@ -193,6 +195,11 @@ async def test_a_chunk_located_in_a_replaced_shard_is_never_read_at_its_old_offs
         tmp.write_bytes((stores[1] / "c/0/0").read_bytes())
         os.replace(tmp, stores[0] / "c/0/0")
         await src.store.current("c/0/0")  # another request sees the new file first
+        try:  # what a walk would push into the kernel's cache for the node, as its old version
+            pushed = node.bytes_at_hand()
+        except ShardChanged:
+            pushed = None
+        assert pushed is None or bytes(pushed) == chunk[0], "bytes of the new shard at the old offsets"
         handle = await node.open_located(old)
         try:
             assert await handle.read(0, len(chunk[1]) + 1) == chunk[1]

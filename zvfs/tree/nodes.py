@@ -285,12 +285,15 @@ class RangeFile(File):
         return self.ref.length if self.ref.decode is None else None
 
     def bytes_at_hand(self) -> bytes | memoryview | None:
-        """(Not checked against the ref's version here: a change since is seen by the open that
-        lets a reader reach them, which finds the kernel holding another version.)"""
+        """Read expecting the ref's version (ShardChanged if the shard is another now): pushed
+        unchecked, the bytes of a shard replaced since were taken at the old index's offsets
+        and recorded as the old version, and a walk read them (an outside attacker's rename
+        writer that kept mtimes: 1-4 reads of another chunk's bytes in 40 s; none without the
+        push, none with this check)."""
         ref = self.ref
         if ref.decode is not None or not ref.length or ref.version is None or not ref.version.settled:
             return None
-        return self.store.read_now(ref.key, ref.offset, ref.length)
+        return self.store.read_now(ref.key, ref.offset, ref.length, ref.version)
 
 
 class PassFile(File):
