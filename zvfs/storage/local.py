@@ -318,7 +318,9 @@ class _Open:
     via: tuple[Dir, ...] | None = None  # the directories a reader passes to it, when walked on its own
     pins: int = 0  # open files holding it (`LocalPin`): it is closed when the last lets go
     dropped: bool = False  # no longer the key's cached descriptor
-    lease: tuple | None = None  # (size, tag) of the file when its read lease was taken (`_holds`)
+    #: (size, tag) of the file when its read lease was taken (`_holds`); () none now, asked for
+    #: again at the next pin (a writer had it open, or broke it); None: never granted here
+    lease: tuple | None = None
 
 
 class LocalPin(Pin):
@@ -500,12 +502,18 @@ class LocalStore(Store):
             return self._fds[key], None
         o = self._fds[key] = _Open(fd, (st.st_dev, st.st_ino), point, local, memory=fstype in MEMORY_FS_TYPES,
                                    fine=fstype in FINE_TIMESTAMPS, real=real)
-        if local and leases.take(fd):
-            o.lease = _state(os.fstat(fd))
+        if local:
+            self._lease(o)
         LocalStore.kept += 1
         if len(self._fds) > self._max_open or (LocalStore.kept > _process_budget() and len(self._fds) > 1):
             self._drop(*next(iter(self._fds.items())))
         return o, st
+
+    @staticmethod
+    def _lease(o: _Open) -> None:
+        """A read lease on the descriptor (leases.py), and the state the file had then."""
+        got = leases.take(o.fd)
+        o.lease = _state(os.fstat(o.fd)) if got else () if got is False else None
 
     def _drop(self, key: str, o: _Open) -> None:
         """`o` stops being the key's descriptor; it is closed once no open file pins it."""
@@ -851,6 +859,8 @@ class LocalStore(Store):
         o = self._fds.get(key)
         if o is None or not o.local or o.version is None or not o.version.settled:
             return None
+        if o.lease is not None and not leases.holding(o.fd):  # (let go of for a writer: again)
+            self._lease(o)
         if not o.path:
             o.path = self._relative(key)
         pfd = _syscall(SYS_OPENAT2, self._root_fd, o.path, _HOW_ADDRESS, _HOW_SIZE)  # (`_lookup_cached`, in line)
@@ -866,6 +876,8 @@ class LocalStore(Store):
         """The key's file as it is now, held open. With `known` (a version this request has
         just read the key at), the cached descriptor of that file is taken without a stat."""
         o = self._fds.get(key)
+        if o is not None and o.local and o.lease is not None and not leases.holding(o.fd):
+            self._lease(o)
         if known is not None and o is not None and o.ident == known.tag[:2]:
             return LocalPin(self, key, o, known)
         version = await self.current(key)
