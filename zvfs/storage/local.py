@@ -193,7 +193,8 @@ def _holds(o: "_Open", st: os.stat_result, v: Version) -> bool:
     (Not "the same file whose last link is gone" on its own: an in-place write before the
     rename over it changes its bytes with a state the check cannot tell from the old, and such
     a shard was seen serving new bytes under an old version.)"""
-    return _matches(st, v) or o.lease is not None and o.lease == (v.size, v.tag) and leases.holds(o.fd)
+    return _matches(st, v) or (o.lease == (v.size, v.tag) and st.st_ino == v.tag[1] and st.st_dev == v.tag[0]
+                               and leases.holds(o.fd))
 
 
 def _settled(st: os.stat_result) -> bool:
