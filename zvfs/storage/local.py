@@ -516,6 +516,12 @@ class LocalStore(Store):
         got = leases.take(o.fd)
         o.lease = _state(os.fstat(o.fd)) if got else () if got is False else None
 
+    def _lease_again(self, o: _Open) -> None:
+        """A lease let go of for a writer (or refused while one had the file open) is asked for
+        again: one open for writing must not cost the shard its lease for good."""
+        if o.lease is not None and not leases.holding(o.fd):
+            self._lease(o)
+
     def _drop(self, key: str, o: _Open) -> None:
         """`o` stops being the key's descriptor; it is closed once no open file pins it."""
         if self._fds.get(key) is o:
@@ -860,8 +866,7 @@ class LocalStore(Store):
         o = self._fds.get(key)
         if o is None or not o.local or o.version is None or not o.version.settled:
             return None
-        if o.lease is not None and not leases.holding(o.fd):  # (let go of for a writer: again)
-            self._lease(o)
+        self._lease_again(o)
         if not o.path:
             o.path = self._relative(key)
         pfd = _syscall(SYS_OPENAT2, self._root_fd, o.path, _HOW_ADDRESS, _HOW_SIZE)  # (`_lookup_cached`, in line)
@@ -877,8 +882,8 @@ class LocalStore(Store):
         """The key's file as it is now, held open. With `known` (a version this request has
         just read the key at), the cached descriptor of that file is taken without a stat."""
         o = self._fds.get(key)
-        if o is not None and o.local and o.lease is not None and not leases.holding(o.fd):
-            self._lease(o)
+        if o is not None and o.local:
+            self._lease_again(o)
         if known is not None and o is not None and o.ident == known.tag[:2]:
             return LocalPin(self, key, o, known)
         version = await self.current(key)
