@@ -59,3 +59,27 @@ def test_old_listings_are_not_followed():
     listed = _listed(range(100, 110), fresh=-1.0)  # (older than any age allowed)
     assert listed.get(100) is None
     assert listed.following(100, 4) == []
+
+
+def test_a_walk_goes_on_into_the_listing_of_the_numbers_that_follow():
+    """A chunk directory is listed a few shards at a time, one entry each: a walk reaching the
+    end of one gets the first files of the next (each once, and the walk goes on there), but
+    not those of a listing whose numbers do not follow, or one already being opened."""
+    listed = ListedFiles()
+    for lo in (100, 104, 200):
+        listed.add(np.arange(lo, lo + 4, dtype=np.int64), _File)
+    assert _inos(listed.following(100, 4)) == [101, 102, 103, 104]
+    assert _inos(listed.following(101, 4)) == [105]
+    assert _inos(listed.following(102, 4)) == [106]
+    assert _inos(listed.following(103, 4)) == [107]
+    got = listed.get(104)
+    assert got is not None and got.ino == 104  # (the file handed out, taken by its open)
+    assert _inos(listed.following(104, 4)) == []  # 105..107 handed out; nothing follows 107
+    for ino in (105, 106):
+        listed.following(ino, 4)
+    assert listed.following(107, 4) == []  # 200.. does not follow 107
+    other = ListedFiles()
+    for lo in (0, 4):
+        other.add(np.arange(lo, lo + 4, dtype=np.int64), _File)
+    assert other.following(5, 4) == []  # (the second listing opened first, out of order)
+    assert _inos(other.following(0, 4)) == [1, 2, 3]  # (so the first's walk does not go on into it)

@@ -77,10 +77,11 @@ def test_a_walk_in_listing_order_reads_from_pushed_pages(store, tmp_path):
         for f in files:
             assert (mnt / f).read_bytes() == expected[f], f
         s = _stats(mnt)
-    # the first file of each directory is read (its open starts the walk), the rest pushed
+    # the first file is read (its open starts the walk), the rest pushed: the walk goes on
+    # from one directory's listing into the next one's, listed before (as `find` does)
     size = _chunk_bytes(store)
-    assert s["pushed"] == len(files) - ROWS and s["bytes_pushed"] == s["pushed"] * size
-    assert s["bytes_served"] == ROWS * size
+    assert s["pushed"] == len(files) - 1 and s["bytes_pushed"] == s["pushed"] * size
+    assert s["bytes_served"] == size
     assert s["changed"] == 0
 
 

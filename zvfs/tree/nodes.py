@@ -459,26 +459,39 @@ class ListedFiles:
         """`ino` was just opened: if the opens of its listing walk it in order (`ino` is the
         file after the one opened last: `cp -r`, `find | xargs cat`, an array read in C order),
         the files that walk opens next, up to `count` past `ino`, each handed out once; else
-        none (random opens: a loader, a viewer)."""
+        none (random opens: a loader, a viewer). Past the end of its listing, the walk goes on
+        into the listing of the numbers that follow, if it has not been opened yet (a chunk
+        directory is listed a few shards at a time: stopping at each listing's end left the
+        first file of every one unpushed, a READ request for 1 file in 8 with 8 chunks per
+        shard row, 10-30% slower walks of small files)."""
         entry, i = self._find(ino)
         if entry is None:
             return []
         walking, entry.last = i == entry.last + 1, i
         if not walking:
             return []
-        start, stop = max(i + 1, entry.ahead), min(i + 1 + count, len(entry.inos))
+        out: list[File] = []
+        end = i + 1 + count
+        self._hand(entry, max(i + 1, entry.ahead), min(end, len(entry.inos)), out)
+        if end > len(entry.inos):
+            after = self._entries.get(entry.hi + 1)
+            if after is not None and after.last == -1 and time.monotonic() - after.when <= self.fresh:
+                self._hand(after, after.ahead, min(end - len(entry.inos), len(after.inos)), out)
+        return out
+
+    @staticmethod
+    def _hand(entry: _Listing, start: int, stop: int, out: list["File"]) -> None:
+        """Hand out the files of rows [start, stop) of `entry` (each once)."""
         if start >= stop:
-            return []
+            return
         entry.ahead = stop
         make, inos = entry.make, entry.inos
         handed = entry.handed
         if len(handed) > 64:  # (handed out, never opened)
             handed.clear()
-        out = []
         for r in range(start, stop):
             out.append(make(inos.item(r), r))
             handed[r] = out[-1]
-        return out
 
     def clear(self) -> None:
         self._los.clear()
