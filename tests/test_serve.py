@@ -360,6 +360,31 @@ def test_sigterm_drain_is_bounded(public_tmp):
         server.stop()
 
 
+def test_a_second_sigterm_stops_without_waiting_for_the_drain(public_tmp):
+    """SIGTERM drains (here for up to 30 s, a client not reading its response); a second one
+    stops at once, as a second Ctrl-C would: its connection shut, exit 0 (it was ignored)."""
+    root = public_tmp / "store.zarr"
+    _write(root)
+    (root / "big.bin").write_bytes(os.urandom(32 << 20))
+    server = ZvfsServe(root, "--drain", "30", log=public_tmp / "serve.log").start()
+    try:
+        stuck = socket.create_connection(("127.0.0.1", server.port))
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        time.sleep(1)
+        assert server.proc.poll() is None  # (draining)
+        t = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert server.proc.wait(10) == 0  # type: ignore[union-attr]
+        assert time.monotonic() - t < 3
+        assert "received SIGTERM again: shut down 1 connections without draining" in (public_tmp / "serve.log").read_text()
+        stuck.close()
+    finally:
+        server.stop()
+
+
 def test_slow_clients_do_not_hold_up_others(public_tmp):
     root = public_tmp / "store.zarr"
     data = _write(root)

@@ -109,22 +109,27 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
             log.warning("shut down %d connections still sending %g s after the drain began (clients not reading)",
                         _shut_connections(ports), drain)
 
-        async def on_signals(signals) -> None:
+        async def on_signals(signals, server: trio.CancelScope) -> None:
+            """SIGTERM or SIGINT: drain; a second one: stop at once (as a second Ctrl-C would)."""
             async for signum in signals:
+                name = signal.Signals(signum).name
                 if signum == signal.SIGHUP:
                     logs.reopen()
-                    continue
-                log.info("received %s: draining requests in flight, then exiting", signal.Signals(signum).name)
-                app.draining = True
-                stop.set()
-                outer.start_soon(cut_after_drain)
-                return
+                elif not stop.is_set():
+                    log.info("received %s: draining requests in flight, then exiting (again: at once)", name)
+                    app.draining = True
+                    stop.set()
+                    outer.start_soon(cut_after_drain)
+                else:
+                    log.warning("received %s again: shut down %d connections without draining", name,
+                                _shut_connections(ports))
+                    server.cancel()
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as outer:  # (what outlives hypercorn's drain)
                 outer.start_soon(config.log.flush_every_second)
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(on_signals, signals)
+                    outer.start_soon(on_signals, signals, nursery.cancel_scope)
                     binds = await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"),
                                                         config,
                                                         sockets=sockets, shutdown_trigger=stop.wait))
