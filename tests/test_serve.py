@@ -385,6 +385,43 @@ def test_a_second_sigterm_stops_without_waiting_for_the_drain(public_tmp):
         server.stop()
 
 
+def _vm_kib(pid: int, field: str) -> int:
+    return int(next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(field)).split()[1])
+
+
+def test_many_stalled_clients_share_the_memory_budget_and_gone_ones_cost_nothing(public_tmp):
+    """400 clients ask for a 32 MiB file and never read (under memory=64M): the bodies being
+    sent share an eighth of the budget (256 KiB each took the server up 111 MiB, now ~50); a
+    client that goes away stops its response (its file was read to the end for nobody: the
+    stop after they left waited the whole drain)."""
+    root = public_tmp / "store.zarr"
+    _write(root)
+    (root / "big.bin").write_bytes(os.urandom(32 << 20))
+    server = ZvfsServe(root, "--no-access-log", "-o", "memory=64M", log=public_tmp / "serve.log").start()
+    try:
+        pid = server.proc.pid  # type: ignore[union-attr]
+        before = _vm_kib(pid, "VmRSS")
+        stalled = []
+        for _ in range(400):
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            stalled.append(s)
+        time.sleep(2)
+        assert json.loads(_get(server, "/.zvfs/stats")[2])["in_flight"] == 401
+        grown = (_vm_kib(pid, "VmHWM") - before) >> 10
+        assert grown < 80, f"400 stalled clients took the server up {grown} MiB under memory=64M"
+        for s in stalled:
+            s.close()
+        time.sleep(1)
+        t = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert server.proc.wait(25) == 0  # type: ignore[union-attr]
+        assert time.monotonic() - t < 5
+    finally:
+        server.stop()
+
+
 def test_slow_clients_do_not_hold_up_others(public_tmp):
     root = public_tmp / "store.zarr"
     data = _write(root)

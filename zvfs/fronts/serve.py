@@ -40,6 +40,9 @@ from .mounting import shown
 log = logging.getLogger("zvfs")
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
+#: the bodies being sent hold at most an eighth of the memory budget together (http.py `BLOCK`;
+#: about twice that in the process: a body message is copied once on its way to the socket)
+SENDING_SHARE = 8
 #: seconds requests in flight get after SIGTERM: a slow reader of a large file finishes, and the
 #: stop still ends within systemd's default TimeoutStopSec (90 s)
 DRAIN = 30.0
@@ -94,7 +97,8 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
     except (OSError, ValueError) as e:  # what backends raise for unusable URLs and hosts
         raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
     try:
-        app = App(Paths(opened, Shown(opened.root, opts.uid, opts.gid, opts.umask), public=True), cors, max_age)
+        app = App(Paths(opened, Shown(opened.root, opts.uid, opts.gid, opts.umask), public=True), cors, max_age,
+                  sending=opts.memory // SENDING_SHARE)
         stop = trio.Event()
         try:  # (here, not in hypercorn's task: a refusal is one line, not an exception group)
             sockets = config.create_sockets()
