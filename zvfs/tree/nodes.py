@@ -236,11 +236,15 @@ class RangeFile(File):
 
     async def reopen(self) -> Handle:
         """The chunk located anew, and opened."""
+        return await self.open_located(await self._locate())
+
+    async def _locate(self) -> ChunkRef:
+        """The chunk located anew (kept as the file's ref); `Gone` if no longer stored."""
         ref = await self.relocate() if self.relocate is not None else None
         if ref is None:
             raise Gone(self.ref.key)
         self.ref = ref
-        return await self.open_located(ref)
+        return ref
 
     async def open_located(self, ref: ChunkRef) -> Handle:
         """Open a chunk just located. The pin must hold the version the chunk was located in:
@@ -255,10 +259,7 @@ class RangeFile(File):
             if pinned_at(pin, ref.version):
                 return self.handle(pin, ref)
             pin.release()
-            located = await self.relocate() if self.relocate is not None else None
-            if located is None:
-                raise Gone(ref.key)
-            self.ref = ref = located
+            ref = await self._locate()
         raise ShardChanged(ref.key, "replaced while being opened, again and again")
 
     def handle(self, pin, ref: ChunkRef) -> Handle:
