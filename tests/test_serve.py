@@ -335,17 +335,28 @@ def test_sigterm_drains_requests_in_flight(public_tmp):
         server.stop()
 
 
-def test_sigterm_drain_is_bounded(public_tmp):
-    """A client that never reads its large response holds the drain for `--drain` seconds, no
-    longer: its connection is closed, a warning says so, exit 0."""
+def _serving_a_big_file(public_tmp, *args: str) -> ZvfsServe:
+    """A server of a store holding `big.bin`, 32 MiB (started)."""
     root = public_tmp / "store.zarr"
     _write(root)
     (root / "big.bin").write_bytes(os.urandom(32 << 20))
-    server = ZvfsServe(root, "--drain", "1", log=public_tmp / "serve.log").start()
+    return ZvfsServe(root, *args, log=public_tmp / "serve.log").start()
+
+
+def _stalled(server) -> socket.socket:
+    """A client that asks for big.bin and does not read it."""
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+    return s
+
+
+def test_sigterm_drain_is_bounded(public_tmp):
+    """A client that never reads its large response holds the drain for `--drain` seconds, no
+    longer: its connection is closed, a warning says so, exit 0."""
+    server = _serving_a_big_file(public_tmp, "--drain", "1")
     try:
-        stuck = socket.create_connection(("127.0.0.1", server.port))
-        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stuck.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        stuck = _stalled(server)
         time.sleep(0.5)
         t = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
@@ -363,14 +374,9 @@ def test_sigterm_drain_is_bounded(public_tmp):
 def test_a_second_sigterm_stops_without_waiting_for_the_drain(public_tmp):
     """SIGTERM drains (here for up to 30 s, a client not reading its response); a second one
     stops at once, as a second Ctrl-C would: its connection shut, exit 0 (it was ignored)."""
-    root = public_tmp / "store.zarr"
-    _write(root)
-    (root / "big.bin").write_bytes(os.urandom(32 << 20))
-    server = ZvfsServe(root, "--drain", "30", log=public_tmp / "serve.log").start()
+    server = _serving_a_big_file(public_tmp, "--drain", "30")
     try:
-        stuck = socket.create_connection(("127.0.0.1", server.port))
-        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stuck.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        stuck = _stalled(server)
         time.sleep(0.5)
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         time.sleep(1)
@@ -394,19 +400,11 @@ def test_many_stalled_clients_share_the_memory_budget_and_gone_ones_cost_nothing
     sent share an eighth of the budget (256 KiB each took the server up 111 MiB, now ~50); a
     client that goes away stops its response (its file was read to the end for nobody: the
     stop after they left waited the whole drain)."""
-    root = public_tmp / "store.zarr"
-    _write(root)
-    (root / "big.bin").write_bytes(os.urandom(32 << 20))
-    server = ZvfsServe(root, "--no-access-log", "-o", "memory=64M", log=public_tmp / "serve.log").start()
+    server = _serving_a_big_file(public_tmp, "--no-access-log", "-o", "memory=64M")
     try:
         pid = server.proc.pid  # type: ignore[union-attr]
         before = _vm_kib(pid, "VmRSS")
-        stalled = []
-        for _ in range(400):
-            s = socket.create_connection(("127.0.0.1", server.port))
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
-            stalled.append(s)
+        stalled = [_stalled(server) for _ in range(400)]
         time.sleep(2)
         assert json.loads(_get(server, "/.zvfs/stats")[2])["in_flight"] == 401
         grown = (_vm_kib(pid, "VmHWM") - before) >> 10
@@ -427,12 +425,7 @@ def test_slow_clients_do_not_hold_up_others(public_tmp):
     data = _write(root)
     (root / "big.bin").write_bytes(os.urandom(32 << 20))
     with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
-        stuck = []
-        for _ in range(16):  # clients that ask for a large file and never read it
-            s = socket.create_connection(("127.0.0.1", server.port))
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
-            stuck.append(s)
+        stuck = [_stalled(server) for _ in range(16)]  # clients that ask for a large file and never read it
         time.sleep(1)
         times = []
         for k in range(50):
