@@ -377,3 +377,23 @@ def test_a_users_failed_mount_says_why_and_what_to_do(tmp_path, case):
     assert "fusermount3" in lines[0] and said in lines[0], lines
     assert lines[1].startswith("zvfs: hint:") and hint in lines[1], lines
     assert not is_mounted(mnt)
+
+
+@pytest.mark.parametrize("said, hint", [
+    ("fusermount3: user has no write access to mountpoint /mnt/x", "directory you own"),
+    ("fusermount3: failed to access mountpoint /mnt/x: Permission denied", "directory you own"),
+    ("fusermount3: option allow_other only allowed if 'user_allow_other' is set in /etc/fuse.conf", "/etc/fuse.conf"),
+    ("/data/store.zarr: cannot open: [Errno 13] Permission denied: '/data/store.zarr/zarr.json'", None),
+    ("/data/store.zarr/zarr.json: not readable by this user (Permission denied)", None),
+])
+def test_a_refusal_gets_a_hint_only_where_it_applies(said, hint):
+    """A store this user cannot read is refused in its own words: no hint to mount on a
+    directory they own (every 'Permission denied' got it)."""
+    from zvfs.fronts.mounting import explain
+
+    lines = explain(said, "").splitlines()
+    assert lines[0] == said
+    if hint is None:
+        assert len(lines) == 1, lines
+    else:
+        assert len(lines) == 2 and lines[1].startswith("hint: ") and hint in lines[1], lines

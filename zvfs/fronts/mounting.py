@@ -215,7 +215,10 @@ HINTS = (
     (re.compile(r"/dev/fuse|modprobe fuse"), "/dev/fuse is missing or not accessible: load the fuse module (modprobe fuse); in a container, pass the device (--device /dev/fuse)"),
     (re.compile(r"Operation not permitted"), "mounting needs root, or a set-uid fusermount3 for users; a container also needs CAP_SYS_ADMIN (see 'zvfs doctor')"),
     (re.compile(r"fusermount3?: (?:failed to exec|not found)|No such file or directory: 'fusermount3'"), "install fuse3 (apt-get install fuse3)"),
-    (re.compile(r"(?i)permission denied|no write access|not owner"), "mount on a directory you own (or as root); see 'zvfs doctor'"),
+    # (the mount point's, as fusermount3 words it: a store the user cannot read says so itself)
+    (re.compile(r"(?i)(permission denied|no write access|not owner).*mount ?point|mount ?point.*(permission denied|not owner)"
+                r"|fusermount3?: failed to chdir"),
+     "mount on a directory you own (or as root); see 'zvfs doctor'"),
 )
 
 
