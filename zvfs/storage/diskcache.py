@@ -38,14 +38,15 @@ Correctness first (docs/reliability.md, the contract):
 * The size budget holds on disk: an insert first evicts the least recently used entries
   until the database's pages in use (its pages less its free ones: SQLite reuses freed pages,
   so the file never outgrows them) leave room for the new one within the budget less the
-  WAL's share, at most `EVICT_BATCH` rows per insert. (Counting the entries' bytes instead
+  log's share, at most the rows whose pages of the log fit its limit per insert. (Counting the entries' bytes instead
   let the files grow to 1.6x the budget with 4 KiB entries: each takes an overflow page and
   part of a leaf page.) The bytes of the entries are counted in the database (`zvfs cache`). Last use is written at most once per `TOUCH_EVERY` seconds per entry (a hit is a
   read, not a write, most of the time). The write-ahead log is checkpointed every
   `WAL_LIMIT` bytes (a sixteenth of the budget if less) and cut back to that after; a write
   that would take it past twice that first checks it in whole and cuts it to nothing, or is
-  skipped (`_begin`). So the files in DIR stay within `cache_size` (sampled every ms while two
-  daemons read and write: at most 255 KiB for 256 KiB; 0.6-1.0 MiB before `_begin`).
+  skipped (`_begin`, which counts a write's frames: its entry's pages and its evictions'). So
+  the files in DIR stay within `cache_size`, `zvfs cache --clear` included (sampled every ms
+  while two processes read and write; 0.6-1.0 MiB for 256 KiB before `_begin`).
 
 Why SQLite (the standard library's `sqlite3`): several daemons and fronts on one machine
 share one DIR, so the store must be safe for concurrent processes, and a crash or power loss
@@ -116,11 +117,14 @@ BUSY_MS = 5000
 PENDING_LIMIT = 8 << 20
 #: the largest entry (an eighth of the budget if less): a hit reads its entry whole (crc32c)
 MAX_ENTRY = 16 << 20
-#: SQLite's page size (its default) and the WAL index's file ("-shm")
-PAGE, SHM = 4096, 32 << 10
-#: pages of the write-ahead log one write takes beyond its entry's bytes (the row's leaf,
-#: the indexes' leaves, the totals, the header and free list; the evicted rows' leaves)
+#: SQLite's page size (its default), a write-ahead log frame (a page and its header), the
+#: log's own header, and the WAL index's file ("-shm")
+PAGE, FRAME, LOG_HEADER, SHM = 4096, 4096 + 24, 32, 32 << 10
+#: pages of the log one write takes beyond its entry's and its evicted rows' (the row's leaf,
+#: the indexes' leaves, the totals, the header and the free list)
 TXN_PAGES = 8
+#: pages of the log an evicted row takes (its leaf and its two index entries' leaves)
+EVICT_PAGES = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -230,10 +234,12 @@ class DiskCache:
             raise MetadataError(f"cache_size={size}", f"below the least a disk cache needs ({MIN_SIZE >> 10}K)")
         self.directory = directory
         self.size = size
-        #: the WAL's size limit, the database's share of the budget (the WAL may hold twice
-        #: its limit while a checkpoint waits, and its index takes SHM bytes), the largest entry
+        #: the log's checkpoint limit; the rows one write may evict (their pages of the log
+        #: within that limit); the database's share of the budget: less the log's (the limit
+        #: twice, and the evictions) and its index's; the largest entry
         self._wal = max(64 << 10, min(WAL_LIMIT, size // 16))
-        self._room = size - 2 * self._wal - SHM
+        self._evict_rows = max(1, min(EVICT_BATCH, self._wal // (EVICT_PAGES * FRAME)))
+        self._room = size - 3 * self._wal - SHM
         self._largest = min(MAX_ENTRY, size // 8)
         self.path = secure(directory)
         self._reader, self._writer = self._connect(), self._connect()
@@ -322,7 +328,8 @@ class DiskCache:
                 if len(data) == last - first and checksum(name, version, total, first, data) == crc:
                     return data[start - first:stop - first], (rowid if time.time() - used > TOUCH_EVERY else None)
                 log.warning("disk cache %s: an entry failed its checksum: dropped", self.directory)
-                self._delete(rowid)
+                if not self._delete(rowid):
+                    return None
         except sqlite3.Error as e:
             self._failed(e)
             return None
@@ -330,7 +337,7 @@ class DiskCache:
     def touch(self, rowid: int) -> None:
         try:
             with self._write_lock:
-                if self._begin(TXN_PAGES * PAGE):
+                if self._begin(TXN_PAGES * FRAME):
                     self._writer.execute("UPDATE entries SET used=? WHERE id=?", (time.time(), rowid))
                     self._writer.execute("COMMIT")
         except sqlite3.Error as e:
@@ -338,16 +345,19 @@ class DiskCache:
 
     def _begin(self, frames: int) -> bool:
         """Begin a write transaction (the write lock held) if the write-ahead log has room for
-        `frames` more bytes within its share of the budget (twice `_wal`); if not, check the
-        log into the database and cut it to nothing first (TRUNCATE, which waits for readers
-        still on the log). False: still no room, the write is skipped. (The autocheckpoint is
-        PASSIVE: it skips frames a reader may still need, and then the log only grows: with
-        two processes writing and reading, 13 MB of files were measured for a 256 KiB budget.)
-        The log's size is read with the write lock held: no other process appends to it."""
+        `frames` more bytes within its share of the budget (three times `_wal`); if not,
+        check the log into the database and cut it to nothing first (TRUNCATE, which waits
+        for readers still on the log). False: still no room, the write is skipped. (The
+        autocheckpoint is PASSIVE: it skips frames a reader may still need, and then the log
+        only grows: with two processes writing and reading, 13 MB of files were measured for
+        a 256 KiB budget.) The log's size is read with the write lock held: no other process
+        appends to it. A write's frames are estimated from its entry's pages, `TXN_PAGES` and
+        `EVICT_PAGES` per row it may evict (an outside attacker found the log 9-33 KiB over
+        its share with pages counted as 4096 bytes and evictions not counted)."""
         db = self._writer
         for attempt in range(2):
             db.execute("BEGIN IMMEDIATE")
-            if self._log_size() + frames <= 2 * self._wal:
+            if self._log_size() + frames <= 3 * self._wal:
                 return True
             db.execute("ROLLBACK")
             if attempt == 0:
@@ -372,7 +382,8 @@ class DiskCache:
         try:
             with self._write_lock:
                 db = self._writer
-                if not self._begin(cost + TXN_PAGES * PAGE):
+                pages = len(data) // (PAGE - 4) + 1 + TXN_PAGES + EVICT_PAGES * self._evict_rows
+                if not self._begin(LOG_HEADER + pages * FRAME):
                     return
                 try:
                     held = _first(db, "SELECT bytes FROM totals")[0]
@@ -399,10 +410,11 @@ class DiskCache:
         return (_first(db, "PRAGMA page_count")[0] - _first(db, "PRAGMA freelist_count")[0]) * PAGE
 
     def _evict(self, need: int) -> int:
-        """Delete the least recently used entries, `need` bytes' worth (at most EVICT_BATCH
-        rows); the bytes freed. (In the caller's transaction.)"""
+        """Delete the least recently used entries, `need` bytes' worth (at most `_evict_rows`
+        rows: their pages of the log are counted in `_begin`); the bytes freed. (In the
+        caller's transaction.)"""
         freed, gone = 0, []
-        for rowid, n in self._writer.execute("SELECT id, stop - start FROM entries ORDER BY used LIMIT ?", (EVICT_BATCH,)):
+        for rowid, n in self._writer.execute("SELECT id, stop - start FROM entries ORDER BY used LIMIT ?", (self._evict_rows,)):
             gone.append((rowid,))
             freed += n
             if freed >= need:
@@ -410,10 +422,12 @@ class DiskCache:
         self._writer.executemany("DELETE FROM entries WHERE id=?", gone)
         return freed
 
-    def _delete(self, rowid: int) -> None:
+    def _delete(self, rowid: int) -> bool:
+        """Delete one entry; False if the log has no room for it now."""
         with self._write_lock:
             db = self._writer
-            db.execute("BEGIN IMMEDIATE")
+            if not self._begin((TXN_PAGES + EVICT_PAGES) * FRAME):
+                return False
             try:
                 n = _first(db, "SELECT stop - start FROM entries WHERE id=?", (rowid,))
                 if n is not None:
@@ -423,6 +437,7 @@ class DiskCache:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+        return True
 
     # -- `zvfs cache DIR`, `zvfs stats`
 
@@ -448,13 +463,27 @@ class DiskCache:
                 os.unlink(os.path.join(directory, DB_NAME + suffix))
 
     def clear(self) -> None:
+        """Delete every entry, `_evict_rows` per transaction (one DELETE of them all took the
+        log past its share: 353 KiB of files for 256 KiB, `zvfs cache --clear` while daemons
+        read), then make the file small (VACUUM: of the schema alone)."""
+        db = self._writer
+        while True:
+            with self._write_lock:
+                if not self._begin((TXN_PAGES + EVICT_PAGES * self._evict_rows) * FRAME):
+                    raise sqlite3.OperationalError("database is busy (readers hold its log): try again")
+                try:
+                    rows = db.execute("SELECT id, stop - start FROM entries LIMIT ?", (self._evict_rows,)).fetchall()
+                    db.executemany("DELETE FROM entries WHERE id=?", [(rowid,) for rowid, _ in rows])
+                    db.execute("UPDATE totals SET bytes=bytes-?", (sum(n for _, n in rows),))
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+            if not rows:
+                break
         with self._write_lock:
-            self._writer.execute("BEGIN IMMEDIATE")
-            self._writer.execute("DELETE FROM entries")
-            self._writer.execute("UPDATE totals SET bytes=0")
-            self._writer.execute("COMMIT")
-            self._writer.execute("VACUUM")
-            self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.execute("VACUUM")
+            _first(db, "PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def damaged(e: BaseException) -> bool:
