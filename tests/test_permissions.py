@@ -63,6 +63,31 @@ def test_modes_are_never_wider_than_the_store(base, reader):
         assert r.returncode == 0 and r.stdout == open_.read_bytes()
 
 
+def test_a_shard_narrowed_while_mounted_closes_its_files_at_the_next_open(public_tmp, reader):
+    """The kernel checks an open against the bits it holds; after the store narrows a shard to
+    0600 those are the old version's, and one more open of another user went through (an
+    outside attacker: 20 of 20). The open that finds the new version checks its bits again:
+    that open is refused already, and so is every later one; root still reads."""
+    src = public_tmp / "store.zarr"
+    zarr.create_array(str(src), shape=(16, 16), shards=(16, 16), chunks=(8, 8), dtype="uint8",
+                      compressors=None)[...] = 7
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    mnt = public_tmp / "mnt"
+    mnt.mkdir()
+    mnt.chmod(0o755)
+    with zvfs_mount(src, mnt, options=["allow_other"]) as mounted:
+        chunk = mounted / "c/0/1"
+        want = chunk.read_bytes()
+        r = as_reader("cat", chunk)
+        assert r.returncode == 0 and r.stdout == want  # (the kernel holds the 0444 bits)
+        (src / "c/0/0").chmod(0o600)
+        first, second = as_reader("cat", chunk), as_reader("cat", chunk)
+        assert first.returncode != 0 and not first.stdout, "the first open after the shard was narrowed read it"
+        assert second.returncode != 0 and chunk.stat().st_mode & 0o777 == 0o400
+        assert chunk.read_bytes() == want  # (root)
+
+
 def test_umask_shares_a_closed_store_on_purpose(base, reader):
     with _mount(base, "umask", ["allow_other", "umask=022"]) as mnt:
         closed = mnt / "c/0/0"

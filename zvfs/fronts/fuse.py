@@ -125,6 +125,18 @@ def guarded(handler):
     return wrapper
 
 
+def _groups_of(pid: int) -> set[int]:
+    """A process's supplementary groups (none if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
 class _Parked:
     """A system task that does queued work, parked while there is none, started by the first
     `put` (a system task: it must never die, or the mount would end)."""
@@ -172,9 +184,13 @@ class _Open:
 
 class ZvfsOperations(pyfuse3.Operations):
     def __init__(self, tree: Tree, shown: Shown | None = None, stats: Callable[[], dict] = dict,
-                 refresh: Callable[[], None] = lambda: None, push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT):
+                 refresh: Callable[[], None] = lambda: None, push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT,
+                 kernel_checks: bool = False):
         super().__init__()
         self.tree = tree
+        #: the kernel checks each access against the bits it holds (default_permissions: with
+        #: allow_other or allow_root); an open that finds another version checks them again
+        self.kernel_checks = kernel_checks
         #: bits, owners and times shown (core/shown.py)
         self.shown = shown or Shown()
         #: the source's live figures and its refresh (`zvfs stats`, `zvfs refresh`)
@@ -401,12 +417,33 @@ class ZvfsOperations(pyfuse3.Operations):
             self.counters.changed += 1
             self._forget_kernel_copy(inode)
             self.tree.remember(node)  # (what the next getattr asks about: this version)
+            if self.kernel_checks and not self._may_read(node, ctx):  # type: ignore[arg-type]
+                self.kernel.closed(inode)
+                handle.release()
+                raise pyfuse3.FUSEError(errno.EACCES)
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         self._open[fh] = _Open(inode, handle)
         self.counters.files_read += 1
         if self.push_ahead:
             self._push_ahead_of(node)  # type: ignore[arg-type]
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    def _may_read(self, node: File, ctx) -> bool:
+        """Whether the caller may read `node` by the bits now shown. The kernel checked the
+        bits it held, which are another version's when the open found a new one: a shard
+        narrowed to 0600 let one more open of another user through (an outside attacker, 20
+        of 20). The owner's bits for its owner, the group's for its group (the caller's own
+        and supplementary groups), else the others'; root reads all."""
+        if ctx is None or ctx.uid == 0:
+            return True
+        stamp = node.stamp()
+        bits = self.shown.mode(False, stamp.mode)
+        uid, gid = self.shown.owner(stamp)
+        if ctx.uid == uid:
+            return bool(bits & 0o400)
+        if ctx.gid == gid or gid in _groups_of(ctx.pid):
+            return bool(bits & 0o040)
+        return bool(bits & 0o004)
 
     def _forget_kernel_copy(self, inode: int) -> None:
         """The kernel's pages and attributes of `inode` invalidated before the open answers.

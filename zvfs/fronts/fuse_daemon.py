@@ -111,7 +111,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
         try:
             ops = ZvfsOperations(opened.tree, Shown(opened.root, opts.uid, opts.gid, opts.umask), opened.stats,
                                  opened.refresh, push_ahead=opts.readahead if opened.local else 0,
-                                 kernel_kept=kernel_table(opts))
+                                 kernel_kept=kernel_table(opts), kernel_checks=opts.allow_other or opts.allow_root)
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)
