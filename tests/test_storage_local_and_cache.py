@@ -207,3 +207,58 @@ async def test_a_chunk_located_in_a_replaced_shard_is_never_read_or_pushed_at_it
             handle.release()
     finally:
         await src.store.aclose()
+
+
+async def test_a_chunk_located_in_a_file_whose_inode_number_went_to_a_newer_one_is_located_again(tmp_path, monkeypatch):
+    """A filesystem gives a freed inode's number to the next new file (ext4 at once). A chunk
+    located in one version of a shard, the shard replaced twice (the first replacement frees
+    the old file once the store lets its descriptor go), the newest file numbered as the old
+    one: an open of the old location pinned the newest file as the old version on the number
+    alone, and every read was EIO (an outside attacker's 2 ms rename writer: 37-73 per 20 s).
+    The open must locate the chunk again and read it as the newest file stores it."""
+    import os
+
+    import numpy as np
+    import zarr
+
+    import zvfs.storage.local as local
+    from zvfs.core.paths import Paths
+    from zvfs.core.source import open_source
+
+    monkeypatch.setattr(local, "SETTLE_NS", 0)  # versions settled at once (the old location stands as is)
+    rng = np.random.default_rng(4)
+    stores, chunk = [], {}
+    for v in range(3):
+        data = rng.integers(0, 60000, (32, 32), dtype=np.uint16)
+        sharded, plain = tmp_path / f"v{v}.zarr", tmp_path / f"v{v}-plain.zarr"
+        zarr.create_array(str(sharded), shape=data.shape, shards=(32, 32), chunks=(16, 16), dtype="uint16")[...] = data
+        zarr.create_array(str(plain), shape=data.shape, chunks=(16, 16), dtype="uint16")[...] = data
+        stores.append(sharded)
+        chunk[v] = (plain / "c/1/1").read_bytes()
+    shard = stores[0] / "c/0/0"
+    src = await open_source(str(stores[0]))
+    try:
+        node = await Paths(src).resolve("c/1/1")
+        old = node.ref
+        number = shard.stat().st_ino
+        assert old.version is not None and old.version.tag[1] == number
+        tmp = stores[0] / "c/0/0.tmp"
+        tmp.write_bytes((stores[1] / "c/0/0").read_bytes())
+        os.replace(tmp, shard)
+        await src.store.current("c/0/0")  # the old file's descriptor let go of: its number is free
+        kept = []
+        for k in range(50):  # the next new file gets it (ext4 hands out the lowest free number)
+            tmp.write_bytes((stores[2] / "c/0/0").read_bytes())
+            if tmp.stat().st_ino == number:
+                break
+            kept.append(tmp.rename(stores[0] / f"c/0/other{k}"))
+        assert tmp.stat().st_ino == number, "the filesystem did not give the freed inode number to a new file"
+        os.replace(tmp, shard)
+        await src.store.current("c/0/0")  # the store's descriptor is the newest file's (the same number)
+        handle = await node.open_located(old)
+        try:
+            assert await handle.read(0, len(chunk[2]) + 1) == chunk[2]
+        finally:
+            handle.release()
+    finally:
+        await src.store.aclose()
