@@ -43,8 +43,8 @@ Correctness first (docs/reliability.md, the contract):
   part of a leaf page.) The bytes of the entries are counted in the database (`zvfs cache`). Last use is written at most once per `TOUCH_EVERY` seconds per entry (a hit is a
   read, not a write, most of the time). The write-ahead log is checkpointed every
   `WAL_LIMIT` bytes (a sixteenth of the budget if less) and cut back to that after; a write
-  that would take it past twice that first checks it in whole and cuts it to nothing, or is
-  skipped (`_begin`, which counts a write's frames: its entry's pages and its evictions'). So
+  that would take it past its share (three times that) first checks it in whole and cuts it
+  to nothing, or is skipped (`_begin`, given the write's frames: `_frames`). So
   the files in DIR stay within `cache_size`, `zvfs cache --clear` included (sampled every ms
   while two processes read and write; 0.6-1.0 MiB for 256 KiB before `_begin`).
 
@@ -78,6 +78,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -337,7 +338,7 @@ class DiskCache:
     def touch(self, rowid: int) -> None:
         try:
             with self._write_lock:
-                if self._begin(TXN_PAGES * FRAME):
+                if self._begin(self._frames()):
                     self._writer.execute("UPDATE entries SET used=? WHERE id=?", (time.time(), rowid))
                     self._writer.execute("COMMIT")
         except sqlite3.Error as e:
@@ -364,6 +365,13 @@ class DiskCache:
                 _first(db, "PRAGMA wal_checkpoint(TRUNCATE)")
         return False
 
+    @staticmethod
+    def _frames(entry: int = 0, rows: int = 0) -> int:
+        """Bytes of the log a write takes at most: an entry of `entry` bytes (its overflow
+        pages), `rows` evicted rows, and the pages every write touches."""
+        pages = (entry // (PAGE - 4) + 1 if entry else 0) + TXN_PAGES + EVICT_PAGES * rows
+        return LOG_HEADER + pages * FRAME
+
     def _log_size(self) -> int:
         try:
             return os.stat(self.path + "-wal").st_size
@@ -382,8 +390,7 @@ class DiskCache:
         try:
             with self._write_lock:
                 db = self._writer
-                pages = len(data) // (PAGE - 4) + 1 + TXN_PAGES + EVICT_PAGES * self._evict_rows
-                if not self._begin(LOG_HEADER + pages * FRAME):
+                if not self._begin(self._frames(len(data), self._evict_rows)):
                     return
                 try:
                     held = _first(db, "SELECT bytes FROM totals")[0]
@@ -426,7 +433,7 @@ class DiskCache:
         """Delete one entry; False if the log has no room for it now."""
         with self._write_lock:
             db = self._writer
-            if not self._begin((TXN_PAGES + EVICT_PAGES) * FRAME):
+            if not self._begin(self._frames(rows=1)):
                 return False
             try:
                 n = _first(db, "SELECT stop - start FROM entries WHERE id=?", (rowid,))
@@ -467,20 +474,18 @@ class DiskCache:
         log past its share: 353 KiB of files for 256 KiB, `zvfs cache --clear` while daemons
         read), then make the file small (VACUUM: of the schema alone)."""
         db = self._writer
-        while True:
+        freed = 1
+        while freed:
             with self._write_lock:
-                if not self._begin((TXN_PAGES + EVICT_PAGES * self._evict_rows) * FRAME):
+                if not self._begin(self._frames(rows=self._evict_rows)):
                     raise sqlite3.OperationalError("database is busy (readers hold its log): try again")
                 try:
-                    rows = db.execute("SELECT id, stop - start FROM entries LIMIT ?", (self._evict_rows,)).fetchall()
-                    db.executemany("DELETE FROM entries WHERE id=?", [(rowid,) for rowid, _ in rows])
-                    db.execute("UPDATE totals SET bytes=bytes-?", (sum(n for _, n in rows),))
+                    freed = self._evict(math.inf)
+                    db.execute("UPDATE totals SET bytes=bytes-?", (freed,))
                     db.execute("COMMIT")
                 except BaseException:
                     db.execute("ROLLBACK")
                     raise
-            if not rows:
-                break
         with self._write_lock:
             db.execute("VACUUM")
             _first(db, "PRAGMA wal_checkpoint(TRUNCATE)")
