@@ -18,6 +18,7 @@ import stat
 import struct
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -755,3 +756,93 @@ def test_refresh_sees_a_link_retargeted_and_an_acl_added(attacked_store, reader)
             assert not can[("read", str(mnt / "mirror/c/0/0"))] and not can[("read", str(mnt / "a/c/2/0"))], can
     finally:
         shutil.rmtree(s, ignore_errors=True)
+
+
+# -- directories whose permissions change while mounted ------------------------------------------
+
+
+def _settle(check, deadline: float):
+    """`check()` until it passes or `deadline` (seconds) is over; the last failure is raised."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
+def test_directories_narrowed_or_widened_while_mounted_follow_the_store(public_tmp, template, reader, view):
+    """Random rounds: directories at every level (the store root, a group, an array, its `c/`,
+    a shard's row directory that no view shows, a pass-through directory) are narrowed to 0700,
+    given an ACL that denies the reader, or opened again, while mounted with allow_other; within
+    a few seconds the reader reads through the mount exactly what the store lets them, without
+    `zvfs refresh` (an outside attacker: a store root or `c/` narrowed stayed readable until
+    then; a directory opened again stayed closed for the kernel's 24 h)."""
+    s = public_tmp / "live.zarr"
+    _group(s)
+    _group(s / "g")
+    _put_array(template, s / "g/a")
+    _put_array(template, s / "b")
+    (s / "misc").mkdir()
+    (s / "misc/notes.txt").write_text("notes\n")
+    for p in [s, *s.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    levels = [s, s / "g", s / "g/a", s / "g/a/c", s / "g/a/c/1", s / "b/c", s / "misc"]
+    mnt = public_tmp / "mnt"
+    mnt.mkdir()
+    mnt.chmod(0o755)
+    rng = random.Random(f"{view}-{time.time_ns()}")
+    with zvfs_mount(s, mnt, options=["allow_other", f"view={view}"]):
+        assert _compare(s, mnt, view)["readable"] > 0
+        for _ in range(5):
+            for d in rng.sample(levels, rng.randint(1, 3)):
+                how = rng.choice(["0700", "deny", "open", "open"])
+                if how == "deny":
+                    set_acl(d, f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x")
+                else:
+                    set_acl(d, "u::rwx,g::r-x,o::r-x")
+                    d.chmod(0o700 if how == "0700" else 0o755)
+            started = time.monotonic()
+            got = _settle(lambda: _compare(s, mnt, view), 6.0)
+            log = [f"{d.relative_to(public_tmp)}={oct(d.stat().st_mode & 0o777)}" for d in levels]
+            print(f"{view}: matched the store after {time.monotonic() - started:.1f} s ({got}; {' '.join(log)})")
+
+
+async def test_directories_changed_sees_bits_owners_and_acls_not_a_directory_gone(public_tmp, reader):
+    """FUSE-free: what the watch of a mount asks every second (`LocalStore.directories_changed`)."""
+    root = public_tmp / "s"
+    (root / "d/e").mkdir(parents=True)
+    (root / "d/e/f").write_bytes(b"f")
+    store = LocalStore(str(root))
+    try:
+        assert (await store.current("d/e/f")).mode == 0o644
+        assert not await store.directories_changed()
+        (root / "d").chmod(0o700)
+        assert await store.directories_changed()
+        store.forget_directories()
+        assert (await store.current("d/e/f")).mode == 0o600 and not await store.directories_changed()
+        (root / "d").chmod(0o755)
+        store.forget_directories()
+        assert (await store.current("d/e/f")).mode == 0o644
+        set_acl(root / "d", f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x")
+        assert await store.directories_changed()
+        store.forget_directories()
+        await store.current("d/e/f")
+        os.chown(root / "d/e", reader, -1)
+        assert await store.directories_changed()
+        store.forget_directories()
+        await store.current("d/e/f")
+        shutil.rmtree(root / "d/e")
+        assert not await store.directories_changed(), "a directory gone is no change"
+        (root / "d/e").mkdir(mode=0o711)
+        assert await store.directories_changed(), "one made again with other bits is"
+        public_tmp.chmod(0o700)  # above the store root
+        store.forget_directories()
+        assert not await store.directories_changed()
+        public_tmp.chmod(0o755)
+        assert await store.directories_changed()
+    finally:
+        await store.aclose()

@@ -567,3 +567,30 @@ def test_writers_are_not_held_up_by_the_servers_leases(public_dir):
             status, _, body = _get(server, "/img/c/0/1")
             assert status == 200 and body == _chunk(data, 0, 1)
     assert max(waits) < 5, f"a writer waited {max(waits):.1f} s for the server's lease"
+
+
+def test_a_directory_narrowed_while_serving_stops_being_served(public_tmp):
+    """The store's `c/` narrowed to 0700 while `zvfs serve` runs: within seconds its chunks are
+    refused (anyone reads a server: only what anyone may read in the store), and served again
+    once it is opened; the store root narrowed closes everything."""
+    root = public_tmp / "store.zarr"
+    data = _write(root)
+    for p in [root, *root.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+    def settles(path: str, ok: bool, within: float = 6.0) -> float:
+        started = time.monotonic()
+        while True:
+            status, _, body = _get(server, path)
+            if (status == 200 and body == _chunk(data, 0, 1)) if ok else status in (403, 404):
+                return time.monotonic() - started
+            assert time.monotonic() - started < within, (path, ok, status)
+            time.sleep(0.2)
+
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        settles("/img/c/0/1", True, 0)
+        for closed in (root / "img" / "c", root):
+            closed.chmod(0o700)
+            settles("/img/c/0/1", False)
+            closed.chmod(0o755)
+            settles("/img/c/0/1", True)

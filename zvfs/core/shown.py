@@ -27,14 +27,17 @@ class Shown:
 
     def __init__(self, root: Stamp | None = None, uid: int | None = None, gid: int | None = None,
                  umask: int | None = None):
-        root = root or Stamp()
         self.uid, self.gid, self.umask = uid, gid, umask
+        self.follow(root or Stamp())
+        self.stamp_ns = time.time_ns()  # the time of nodes that have none of their own
+
+    def follow(self, root: Stamp) -> None:
+        """The store root's owner and bits, as they are now (again after they changed)."""
         #: otherwise each node's own owner (the store's, where it says), else the store root's
         #: (local stores), else the daemon's
         self.default_uid = os.getuid() if root.uid is None else root.uid
         self.default_gid = os.getgid() if root.gid is None else root.gid
         self.mask = 0o555 if root.mode is None else root.mode & 0o555
-        self.stamp_ns = time.time_ns()  # the time of nodes that have none of their own
 
     def mode(self, is_dir: bool, mode: int | None) -> int:
         """Permission bits shown (no file type bits)."""

@@ -6,19 +6,32 @@ kernel on top. `open_source(src)` with default options is a plain library call.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from ..errors import MetadataError
 from ..formats.array import Hierarchy
 from ..formats.jsonfile import read_metadata
 from ..options import MountOptions, resolve_caches, storage_options
-from ..storage import Store
+from ..storage import Entry, Store
 from ..storage.cache import CoalescingCache, decoded_size
+from ..storage.gather import gather
 from ..storage.local import LocalStore
 from ..storage.open import open_store, open_zip
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
+
+log = logging.getLogger("zvfs")
+
+#: How often a front that lets other users in looks for directories whose permissions changed
+#: in the store (`OpenSource.watch_permissions`): a directory narrowed while mounted is closed
+#: to them within about this long. The check runs at most 1/RECHECK_SHARE of the time.
+RECHECK, RECHECK_SHARE = 1.0, 20
 
 
 @dataclass
@@ -34,6 +47,9 @@ class OpenSource:
     decoded: CoalescingCache | None = None
     listings: CoalescingCache | None = None
     options: MountOptions = field(default_factory=MountOptions)
+    #: the store directories the view shows as directories of their own -> owner, bits, time
+    #: (`kinds.dress`; the views hold this very dict)
+    dirs: dict[str, Entry] = field(default_factory=dict)
 
     @property
     def entry(self) -> Kind:
@@ -108,6 +124,43 @@ class OpenSource:
             layer = getattr(layer, "inner", None)
         if isinstance(self.store, LocalStore):
             self.store.forget_directories()
+        self.tree.forget_listings()
+
+    async def refresh_directories(self) -> None:
+        """The owner and bits of the directories the views show, read again (after `refresh`)."""
+        paths = list(self.dirs)
+        found = await gather(lambda p=p: self.store.info(p) for p in paths)
+        for path, entry in zip(paths, found):
+            if entry is not None and entry.is_dir:
+                self.dirs[path] = entry
+            else:  # (gone: shown with the store root's bits, as a node with none of its own)
+                self.dirs.pop(path, None)
+
+    async def permissions_changed(self) -> bool:
+        """Whether a directory's owner, group or bits changed in the store since they were read
+        (local stores); if so, everything derived from them is read again (`refresh`). What a
+        front that lets other users in calls every `RECHECK` seconds (`watch_permissions`)."""
+        if not isinstance(self.store, LocalStore) or not await self.store.directories_changed():
+            return False
+        self.refresh()
+        await self.refresh_directories()
+        return True
+
+    async def watch_permissions(self, changed: Callable[[], None]) -> None:
+        """Forever: `permissions_changed`, then `changed()` if so, every RECHECK seconds, or
+        more seldom where the check itself takes long (at most 1/RECHECK_SHARE of a worker
+        thread: a store whose walks learned 65,536 directories takes ~0.2 s a check)."""
+        if not isinstance(self.store, LocalStore):
+            return
+        while True:
+            began = time.monotonic()
+            try:
+                if await self.permissions_changed():
+                    log.info("%s: directory permissions changed; read again", self.store.display)
+                    changed()
+            except Exception as e:  # noqa: BLE001 - a failed check is retried at the next one
+                log.warning("%s: cannot check directory permissions: %s", self.store.display, e)
+            await trio.sleep(max(RECHECK, (time.monotonic() - began) * RECHECK_SHARE))
 
 
 async def open_source(source: str, opts: MountOptions | None = None, storage: dict | None = None) -> OpenSource:
@@ -151,7 +204,7 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
         await dress(opened, loaded)
         shown = show(kind, view, opened, loaded, source)
         out = OpenSource(store, kind.name, view, shown.tree, opened.cache, loaded.meta, loaded.arrays, shown.absent or None,
-                         opened.decoded, opened.listings, opts)
+                         opened.decoded, opened.listings, opts, opened.dirs)
         out.bound_waits()
         return out
     except BaseException:

@@ -33,6 +33,7 @@ import pyfuse3
 import trio
 
 from ..core.shown import Shown
+from ..core.source import RECHECK
 from ..errors import (
     CorruptShardError,
     Gone,
@@ -182,19 +183,27 @@ class _Open:
         self.handle = handle
 
 
+async def _nothing() -> None:
+    pass
+
+
 class ZvfsOperations(pyfuse3.Operations):
     def __init__(self, tree: Tree, shown: Shown | None = None, stats: Callable[[], dict] = dict,
-                 refresh: Callable[[], None] = lambda: None, push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT,
+                 refresh: Callable[[], Awaitable[None]] | None = None, push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT,
                  kernel_checks: bool = False):
         super().__init__()
         self.tree = tree
         #: the kernel checks each access against the bits it holds (default_permissions: with
         #: allow_other or allow_root); an open that finds another version checks them again
         self.kernel_checks = kernel_checks
+        #: ... and then holds a directory's bits only for RECHECK seconds: a directory the
+        #: store narrows while mounted (seen by `OpenSource.watch_permissions`) is closed to
+        #: other users within about that long, even to one whose working directory it is
+        self.dir_timeout = RECHECK if kernel_checks else TIMEOUT
         #: bits, owners and times shown (core/shown.py)
         self.shown = shown or Shown()
         #: the source's live figures and its refresh (`zvfs stats`, `zvfs refresh`)
-        self.source_stats, self.source_refresh = stats, refresh
+        self.source_stats, self.source_refresh = stats, refresh or _nothing
         self.counters = Counters()
         #: the mount's owner: the control files answer it and root only
         self.owner = os.getuid()
@@ -235,6 +244,7 @@ class ZvfsOperations(pyfuse3.Operations):
         a.attr_timeout = TIMEOUT
         stamp = node.stamp()
         if node.is_dir:
+            a.attr_timeout = self.dir_timeout
             a.st_mode = stat.S_IFDIR | self.shown.mode(True, stamp.mode)
             a.st_nlink = 2
             a.st_size = 0
@@ -361,7 +371,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.shown.mtime_ns(stamp)
                 self._owner(a, stamp)
             if is_dir:
-                a.st_nlink, a.st_size, a.attr_timeout = 2, 0, TIMEOUT
+                a.st_nlink, a.st_size, a.attr_timeout = 2, 0, self.dir_timeout
             else:
                 a.st_nlink = 1
                 held = cached.get(ino)
@@ -392,7 +402,7 @@ class ZvfsOperations(pyfuse3.Operations):
             node = self.tree.known(inode)
             if node is None:
                 if inode in _CONTROL:
-                    return self._open_control(inode, ctx)
+                    return await self._open_control(inode, ctx)
                 if self.kernel.is_alias(inode):
                     alias = self.kernel.alias(inode)
                     if alias is None:
@@ -550,11 +560,12 @@ class ZvfsOperations(pyfuse3.Operations):
 
     # -- control files
 
-    def _open_control(self, inode: int, ctx) -> pyfuse3.FileInfo:
+    async def _open_control(self, inode: int, ctx) -> pyfuse3.FileInfo:
         if ctx.uid not in (0, self.owner):
             raise pyfuse3.FUSEError(errno.EACCES)
         if inode == CONTROL_INOS[REFRESH_FILE]:
-            self.refresh()
+            await self.source_refresh()
+            self.forget_kernel_view()
             content = {"refreshed": True}
         else:
             content = {**self.source_stats(), **vars(self.counters)}
@@ -563,12 +574,12 @@ class ZvfsOperations(pyfuse3.Operations):
         self._open[fh] = _Open(inode, BytesHandle(data, None))
         return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
 
-    def refresh(self) -> None:
-        """`zvfs refresh`: drop every cache, forget listings, and make the kernel look
-        everything up again (its entries under the root are invalidated, which prunes the
-        whole cached tree below them)."""
-        self.source_refresh()
-        self.tree.forget_listings()
+    def forget_kernel_view(self) -> None:
+        """After `zvfs refresh` (the source dropped every cache and listing) or a change of
+        directory permissions: nothing the kernel holds is trusted any more (every next open
+        checks its bits again, under `kernel_checks`), and the kernel looks everything up
+        again (its entries under the root are invalidated, which prunes the whole cached tree
+        below them)."""
         self.kernel.clear()
         trio.lowlevel.spawn_system_task(self._invalidate_root)
 

@@ -109,8 +109,19 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
         mounted = False
         try:
-            ops = ZvfsOperations(opened.tree, Shown(opened.root, opts.uid, opts.gid, opts.umask), opened.stats,
-                                 opened.refresh, push_ahead=opts.readahead if opened.local else 0,
+            shown_as = Shown(opened.root, opts.uid, opts.gid, opts.umask)
+
+            async def refresh() -> None:  # `zvfs refresh`
+                opened.refresh()
+                await opened.refresh_directories()
+                shown_as.follow(opened.root)
+
+            def permissions_changed() -> None:  # (the source read them again)
+                shown_as.follow(opened.root)
+                ops.forget_kernel_view()
+
+            ops = ZvfsOperations(opened.tree, shown_as, opened.stats, refresh,
+                                 push_ahead=opts.readahead if opened.local else 0,
                                  kernel_kept=kernel_table(opts), kernel_checks=opts.allow_other or opts.allow_root)
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
@@ -120,6 +131,8 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             if logs.background:
                 logs.detach()
             nursery.start_soon(_tune_connection, mountpoint, opts.max_background)
+            if ops.kernel_checks:  # other users read: directories narrowed in the store close to them
+                nursery.start_soon(opened.watch_permissions, permissions_changed)
             state["serving"] = True
             await pyfuse3.main()
         finally:

@@ -97,8 +97,8 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
     except (OSError, ValueError) as e:  # what backends raise for unusable URLs and hosts
         raise MetadataError(shown(source), f"cannot open: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from None
     try:
-        app = App(Paths(opened, Shown(opened.root, opts.uid, opts.gid, opts.umask), public=True), cors, max_age,
-                  sending=opts.memory // SENDING_SHARE)
+        shown_as = Shown(opened.root, opts.uid, opts.gid, opts.umask)
+        app = App(Paths(opened, shown_as, public=True), cors, max_age, sending=opts.memory // SENDING_SHARE)
         stop = trio.Event()
         try:  # (here, not in hypercorn's task: a refusal is one line, not an exception group)
             sockets = config.create_sockets()
@@ -132,6 +132,8 @@ async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as outer:  # (what outlives hypercorn's drain)
                 outer.start_soon(config.log.flush_every_second)
+                # anyone reads: a directory the store narrows stops being served within RECHECK s
+                outer.start_soon(opened.watch_permissions, lambda: shown_as.follow(opened.root))
                 async with trio.open_nursery() as nursery:
                     outer.start_soon(on_signals, signals, nursery.cancel_scope)
                     binds = await nursery.start(partial(worker_serve, wrap_app(app, config.wsgi_max_body_size, "asgi"),

@@ -718,12 +718,31 @@ class LocalStore(Store):
         self._protected = protected_symlinks()
         #: the directories above the store root (a reader must search them all) ...
         parts = self.real_root.strip("/").split("/") if self.real_root != "/" else []
-        self._above: tuple[Dir, ...] = tuple(dir_facts("/" + "/".join(parts[:i])) for i in range(len(parts)))
+        self._above_paths = tuple("/" + "/".join(parts[:i]) for i in range(len(parts)))
+        self._above: tuple[Dir, ...] = tuple(dir_facts(p) for p in self._above_paths)
         #: ... and below it: real directory path -> Dir (ACL folded in); store directory -> (its
         #: real path, the gates on the way: access.walk)
         self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root)}
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
+
+    async def directories_changed(self) -> bool:
+        """Whether the owner, group or bits (ACL folded in) of a directory the store
+        remembers (the ones above the root, the root, and every one walked since) changed
+        since they were read: what `zvfs refresh` reads again, looked at without it (a
+        worker thread, one lstat each, and a getxattr where the group class has bits). A
+        directory gone is no change (nothing below it opens); one made again is compared."""
+        paths = (*self._above_paths, *self._facts)
+        known = (*self._above, *self._facts.values())
+
+        def changed() -> bool:
+            for path, was in zip(paths, known):
+                now = dir_facts(path)
+                if now != was and (now != CLOSED or os.path.lexists(path)):
+                    return True
+            return False
+
+        return await self._in_thread(self._lexical_mount(""), changed)
 
     def forget_directories(self) -> None:
         """`zvfs refresh`: directory permissions, ACLs and symlinks are read again (and the

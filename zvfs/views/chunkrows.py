@@ -447,7 +447,7 @@ class ChunkRows(Rows):
             else:
                 dirs += [True] * n
                 sizes += [0] * n
-                stamps += [self.space.stamp] * n
+                stamps += [self.space.stamp()] * n
                 tokens += [None] * n
             return
         space = self.space

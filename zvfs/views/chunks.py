@@ -88,10 +88,12 @@ class ChunkSpace(InodeRange):
     file."""
 
     def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile, plain: bool = False,
-                 stamp: Stamp = NO_STAMP, where: str = ""):
+                 stamp: Callable[[], Stamp] = lambda: NO_STAMP, where: str = ""):
         self.source = source
         self.where = where  # the array's path, for messages
-        self.stamp = stamp  # of the chunk directories: the store's `c/` (or array directory)
+        #: of the chunk directories: the store's `c/` (or array directory), as it is now (read
+        #: again when directory permissions change: `OpenSource.permissions_changed`)
+        self.stamp = stamp
         self.layout = layout
         self.make_file = make_file
         self.plain = plain
@@ -233,7 +235,7 @@ class ChunkDir(Dir):
         self.path = path
 
     def stamp(self) -> Stamp:
-        return self.space.stamp
+        return self.space.stamp()
 
     async def lookup(self, name: str) -> Node | None:
         return await self.space.child(self.path, name)

@@ -144,7 +144,7 @@ class ArrayDir(Dir):
         self.array = array
         source = view.source(array)
         self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source),
-                                 stamp=view.chunk_stamp(array), where=array.path)
+                                 stamp=lambda: view.chunk_stamp(array), where=array.path)
 
     def stamp(self) -> Stamp:
         return self.view.stamp(self.array.path)

@@ -112,7 +112,7 @@ class Zarr3View:
                 model = self.arrays.get(path)
                 chunks = model.chunks if isinstance(model, ArrayModel) and isinstance(model.chunks, ShardedArray) else None
                 return ShardedArrayDir(ino, self, chunks or ShardedArray(h, self.store, self.cache))
-            return PassDir(ino, self.tree.store_dir(self.store, path), self.dirs.get(path))
+            return ShownPassDir(ino, self, path)
 
         return self.tree.intern(("zarr", path), make)
 
@@ -123,6 +123,21 @@ class Zarr3View:
     def metadata_file(self, path: str, meta: dict) -> BytesFile:
         source = self.nodes[path].version
         return self.tree.intern(("meta", path), lambda ino: BytesFile(ino, metadata_bytes(meta), source))  # type: ignore[return-value]
+
+
+class ShownPassDir(PassDir):
+    """A store directory the view shows as it is (an array without sharding), with the bits
+    the view holds for it now (`Zarr3View.stamp`: read again when permissions change)."""
+
+    __slots__ = ("view", "path")
+
+    def __init__(self, ino: int, view: Zarr3View, path: str):
+        super().__init__(ino, view.tree.store_dir(view.store, path))
+        self.view = view
+        self.path = path
+
+    def stamp(self) -> Stamp:
+        return self.view.stamp(self.path)
 
 
 class GroupDir(Dir):
@@ -185,7 +200,7 @@ class ShardedArrayDir(Dir):
         path = array.node.path
         chunk_dir = child_path(path, layout.top) if layout.top else path
         self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref), plain=True,
-                                 stamp=view.stamp(chunk_dir if chunk_dir in view.dirs else path), where=path)
+                                 stamp=lambda: view.stamp(chunk_dir if chunk_dir in view.dirs else path), where=path)
 
     def stamp(self) -> Stamp:
         return self.view.stamp(self.array.node.path)
