@@ -127,9 +127,15 @@ class OpenSource:
         self.tree.forget_listings()
 
     async def refresh_directories(self) -> None:
-        """The owner and bits of the directories the views show, read again (after `refresh`)."""
+        """The owner and bits of the directories the views show, read again (after `refresh`);
+        within the store's patience (a hung mount below the store keeps what was known)."""
         paths = list(self.dirs)
-        found = await gather(lambda p=p: self.store.info(p) for p in paths)
+        found = None
+        with trio.move_on_after(self.store.patience):
+            found = await gather(lambda p=p: self.store.info(p) for p in paths)
+        if found is None:
+            log.warning("%s: directory permissions not read again within %g s", self.store.display, self.store.patience)
+            return
         for path, entry in zip(paths, found):
             if entry is not None and entry.is_dir:
                 self.dirs[path] = entry
