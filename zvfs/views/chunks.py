@@ -92,7 +92,7 @@ class ChunkSpace(InodeRange):
         self.source = source
         self.where = where  # the array's path, for messages
         #: of the chunk directories: the store's `c/` (or array directory), as it is now (read
-        #: again when directory permissions change: `OpenSource.permissions_changed`)
+        #: again when directory permissions change: `OpenSource.watch_permissions`)
         self.stamp = stamp
         self.layout = layout
         self.make_file = make_file
