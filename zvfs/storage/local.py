@@ -725,21 +725,35 @@ class LocalStore(Store):
         self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root)}
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
+        self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
 
     async def directories_changed(self) -> bool:
         """Whether the owner, group or bits (ACL folded in) of a directory the store
         remembers (the ones above the root, the root, and every one walked since) changed
         since they were read: what `zvfs refresh` reads again, looked at without it (a
-        worker thread, one lstat each, and a getxattr where the group class has bits). A
-        directory gone is no change (nothing below it opens); one made again is compared."""
+        worker thread, one lstat each; the ACL read again only where the ctime moved, which
+        every chmod, chown and ACL change does, since a look that found it settled: as for
+        files, a ctime younger than SETTLE may be shared by a later change). A directory gone
+        is no change (nothing below it opens); one made again is compared. (2,421 directories:
+        an outside attacker measured the idle daemon at 4-5% of a core with a getxattr each.)"""
         paths = (*self._above_paths, *self._facts)
         known = (*self._above, *self._facts.values())
+        seen = self._dir_ctimes
+        if len(seen) > 2 * DIRS_KEPT:
+            seen.clear()
 
         def changed() -> bool:
             for path, was in zip(paths, known):
-                now = dir_facts(path)
-                if now != was and (now != CLOSED or os.path.lexists(path)):
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if seen.get(path) == st.st_ctime_ns:
+                    continue
+                if dir_facts(path, st) != was:
                     return True
+                if _settled(st):
+                    seen[path] = st.st_ctime_ns
             return False
 
         return await self._in_thread(self._lexical_mount(""), changed)
