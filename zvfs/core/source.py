@@ -113,9 +113,10 @@ class OpenSource:
             out["caches"][name] = {"hits": cache.hits, "misses": cache.misses, "bytes": cache.nbytes}
         return out
 
-    def refresh(self) -> None:
-        """`zvfs refresh`: forget every derived cache; indexes, listings and directory
-        permissions are read again."""
+    async def refresh(self) -> None:
+        """`zvfs refresh`, and what a change of directory permissions makes the watch do:
+        forget every derived cache; indexes, listings and directory permissions are read
+        again, those of the directories the views show at once (`refresh_directories`)."""
         for cache in self.caches().values():
             cache.clear()
         layer: Store | None = self.store
@@ -125,9 +126,10 @@ class OpenSource:
         if isinstance(self.store, LocalStore):
             self.store.forget_directories()
         self.tree.forget_listings()
+        await self.refresh_directories()
 
     async def refresh_directories(self) -> None:
-        """The owner and bits of the directories the views show, read again (after `refresh`);
+        """The owner and bits of the directories the views show, read again (`refresh`);
         within the store's patience (a hung mount below the store keeps what was known)."""
         paths = list(self.dirs)
         found = None
@@ -145,7 +147,7 @@ class OpenSource:
     async def watch_permissions(self, changed: Callable[[], None]) -> None:
         """Forever, every RECHECK seconds: whether a directory's owner, group or bits changed
         in the store since they were read (a local store's `directories_changed`); if so,
-        everything derived from them is read again (`refresh`, `refresh_directories`) and
+        everything derived from them is read again (`refresh`) and
         `changed()` is called. The check takes at most 1/RECHECK_SHARE of the time (a store
         whose walks learned 2,421 directories: 9-11 ms a check); what follows a change is not
         counted (150 ms for that store's 621 directories shown: counted, it put the next check
@@ -160,8 +162,7 @@ class OpenSource:
                 cost = time.monotonic() - began
                 if found:
                     log.info("%s: directory permissions changed; read again", store.display)
-                    self.refresh()
-                    await self.refresh_directories()
+                    await self.refresh()
                     changed()
             except Exception as e:  # noqa: BLE001 - a failed check is retried at the next one
                 log.warning("%s: cannot check directory permissions: %s", store.display, e)

@@ -112,8 +112,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             shown_as = Shown(opened.root, opts.uid, opts.gid, opts.umask)
 
             async def refresh() -> None:  # `zvfs refresh`
-                opened.refresh()
-                await opened.refresh_directories()
+                await opened.refresh()
                 shown_as.follow(opened.root)
 
             def permissions_changed() -> None:  # (the source read them again)
