@@ -123,10 +123,10 @@ class OpenSource:
         while layer is not None:  # a disk cache validates every object again
             getattr(layer, "forget_versions", lambda: None)()
             layer = getattr(layer, "inner", None)
-        if isinstance(self.store, LocalStore):
-            self.store.forget_directories()
         self.tree.forget_listings()
-        await self.refresh_directories()
+        if isinstance(self.store, LocalStore):  # (where directories have permissions: no request per directory elsewhere)
+            self.store.forget_directories()
+            await self.refresh_directories()
 
     async def refresh_directories(self) -> None:
         """The owner and bits of the directories the views show, read again (`refresh`);
