@@ -9,7 +9,9 @@ several shards and shards holding from none to all of their chunks, is listed di
 directory in every view both ways, also with a transpose before sharding (the index then runs
 in another axis order); what is expected is which chunks zarr-python finds non-empty reading
 the store back. An edge shard whose index also names chunks past the array's end lists only
-the chunks inside it.
+the chunks inside it. Small directories are made in one pass over all their tables
+(`chunkrows.SMALL_LISTING`), larger ones segment by segment: both are listed, and give the
+same rows and the same files.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from zvfs.core.source import open_source
 from zvfs.errors import MetadataError
 from zvfs.formats import zarr3
 from zvfs.options import parse_options
+from zvfs.views import chunkrows
 
 SHAPE, SHARD, INNER = (48, 32, 40), (16, 16, 8), (4, 4, 4)  # chunk grid 12 x 8 x 10, shards of 4 x 4 x 2 chunks
 GRID = tuple(s // c for s, c in zip(SHAPE, INNER))
@@ -68,12 +71,15 @@ async def _files(node, tree, prefix=()) -> set[tuple[int, ...]]:
     return out
 
 
+@pytest.mark.parametrize("made", ["at once", "by segment"])
 @pytest.mark.parametrize("rows_from", ["tables", "index slices"])
 @pytest.mark.parametrize("view", ["zarr", "zarr2", "n5"])
-async def test_every_directory_lists_the_stored_chunks(sparse, view, rows_from, monkeypatch):
+async def test_every_directory_lists_the_stored_chunks(sparse, view, rows_from, made, monkeypatch):
     root, stored, transposed = sparse
     if rows_from == "index slices":
         monkeypatch.setattr(zarr3, "TABLE_MAX_CHUNKS", 0)
+    if made == "by segment":
+        monkeypatch.setattr(chunkrows, "SMALL_LISTING", 0)
     if transposed and view == "zarr2":  # Zarr v2 has C and F order only
         with pytest.raises(MetadataError, match="neither C nor F order"):
             await open_source(str(root), parse_options([f"view={view}"]))
@@ -111,3 +117,79 @@ async def test_index_entries_past_the_array_edge_are_not_listed(tmp_path, rows_f
     opened = await open_source(str(root))
     assert await _files(await opened.tree.resolve("c"), opened.tree) == set(itertools.product(range(3), range(3)))
     assert await _files(await opened.tree.resolve("c/2"), opened.tree, (2,)) == {(2, 0), (2, 1), (2, 2)}
+
+
+async def _dirs_rows(root, view: str, top: str) -> dict[str, tuple]:
+    """Every chunk directory's rows (all six columns) and, for each file, where its ref points
+    and the version it names, taken from the tree's recent listings (what an open uses)."""
+    opened = await open_source(str(root), parse_options([f"view={view}"]))
+    out = {}
+
+    async def walk(node, path):
+        rows = await node.rows()
+        window = rows.window(0, len(rows))
+        refs = []
+        for name, ino, is_dir in zip(window[0], window[1], window[2]):
+            if is_dir:
+                await walk(await opened.tree.node(ino), f"{path}/{name}")
+            elif name.isdigit() or name.startswith("c."):
+                got = opened.tree.listed.get(ino)
+                refs.append(None if got is None else (got.ino, got.ref.key, got.ref.offset, got.ref.length, got.ref.version))
+        out[path] = (*window, refs)
+
+    await walk(await opened.tree.resolve(top), "")
+    return out
+
+
+def _shuffled_scans(monkeypatch, seed: int) -> None:
+    """The source hands its tables over in a random order (as concurrent remote reads may)."""
+    scan, rng = zarr3.ShardedArray.scan, np.random.default_rng(seed)
+
+    async def shuffled(self, fixed, visit):
+        got = []
+        await scan(self, fixed, lambda *args: got.append(args))
+        for i in rng.permutation(len(got)).tolist():
+            visit(*got[i])
+
+    monkeypatch.setattr(zarr3.ShardedArray, "scan", shuffled)
+
+
+@pytest.fixture(scope="module")
+def flat(tmp_path_factory):
+    """A sparse 2-D array with "." chunk keys: its zarr view lists every chunk file in one
+    directory (`c.0.0`), from many shards."""
+    root = tmp_path_factory.mktemp("rows") / "flat.zarr"
+    a = zarr.create_array(str(root), shape=(48, 40), shards=(16, 8), chunks=(4, 4), dtype="uint8", compressors=None,
+                          fill_value=0, chunk_key_encoding={"name": "default", "separator": "."})
+    rng = np.random.default_rng(5)
+    a[...] = rng.integers(1, 255, (48, 40), dtype=np.uint8) * (rng.random((48, 40)) < 0.2)
+    return root, None, False
+
+
+@pytest.mark.parametrize("order", ["as stored", "shuffled"])
+@pytest.mark.parametrize("view", ["zarr", "zarr2", "n5", "flat"])
+async def test_directories_made_at_once_are_those_made_by_segment(sparse, flat, view, order, monkeypatch):
+    """The one-pass listing of small directories and the segment-by-segment one give the same
+    rows, in the same order, and the same files to open (every listed file is in the recent
+    listings, pointing at the same bytes of the same shard version), whatever order the
+    shards' tables come in."""
+    root, _, transposed = flat if view == "flat" else sparse
+    top = "c" if view == "zarr" else ""
+    view = "zarr" if view == "flat" else view
+    if transposed and view == "zarr2":
+        return
+    small = chunkrows.SMALL_LISTING
+    monkeypatch.setattr(chunkrows, "SMALL_LISTING", 0)
+    by_segment = await _dirs_rows(root, view, top)
+    monkeypatch.setattr(chunkrows, "SMALL_LISTING", small)
+    if order == "shuffled":
+        _shuffled_scans(monkeypatch, 3)
+    at_once = await _dirs_rows(root, view, top)
+    assert at_once.keys() == by_segment.keys() and (len(at_once) > 10 or root == flat[0])
+    for path, rows in at_once.items():
+        assert rows[:-1] == by_segment[path][:-1], path
+        # (segment by segment, a flat listing keeps only its last shard's files listed: their
+        # numbers interleave with the other shards', and a listing replaces the ones it overlaps)
+        assert all(b is None or a == b for a, b in zip(rows[-1], by_segment[path][-1])), path
+        if view == "zarr":  # (the others' files are transcoded or get a header: made per window, not kept listed)
+            assert None not in rows[-1], path
