@@ -26,6 +26,7 @@ from ..logs import Logs
 from ..options import MountOptions
 from ..storage import leases
 from ..storage.urls import redact
+from . import fuse_loop
 from .fuse import ZvfsOperations, kernel_table
 from .mounting import READY_FD_ENV, check_mountpoint, shown
 
@@ -133,6 +134,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             if ops.kernel_checks:  # other users read: directories narrowed in the store close to them
                 nursery.start_soon(opened.watch_permissions, permissions_changed)
             state["serving"] = True
+            fuse_loop.install()
             await pyfuse3.main()
         finally:
             with trio.CancelScope(shield=True):

@@ -1,0 +1,71 @@
+"""pyfuse3's request loop without a trio round per request while requests are waiting.
+
+pyfuse3 reads each request after `await trio.lowlevel.wait_readable(fd)`, which always parks
+the task and lets trio's run loop register the descriptor with epoll (EPOLLONESHOT: one
+`epoll_ctl` per request) and wait for it (`epoll_wait`) before the task runs again, even when
+the kernel already has requests queued, as it does whenever several readers are busy. pyfuse3
+takes its `trio` from a module attribute (`pyfuse3.trio`, which `pyfuse3.asyncio` replaces the
+same way): `install` gives it a `trio` whose `lowlevel.wait_readable` first asks the
+descriptor with a zero-timeout `poll` and, when a request is there, returns at once, for at
+most `RUN` requests running; then (or when nothing is there) it waits the usual way, which
+lets every other task run (parked pushes, worker-thread results, the permission watch). A
+request is read only when `poll` says one is there: the descriptor is blocking, and a read
+with none would stop the loop. (Every request still yields once, in pyfuse3's read lock.)
+
+Measured (`find | xargs -P 4 cat` of 4,096 files on a fresh mount, medians of 5 alternated
+runs, daemon CPU from /proc): 4 KiB files 766 -> 649 ms a walk (the pyfuse3 floor: 645), 64 KiB
+1,097 -> 1,044 ms (floor 977); daemon CPU 690 -> 550 ms and 1,010 -> 890 ms.
+"""
+
+from __future__ import annotations
+
+import select
+import types
+
+import pyfuse3
+import trio
+
+#: requests read back to back, without a trio round, before the loop lets other tasks run
+RUN = 8
+
+
+class _Lowlevel(types.SimpleNamespace):
+    """trio.lowlevel, but for `wait_readable`."""
+
+    def __getattr__(self, name: str):
+        return getattr(trio.lowlevel, name)
+
+
+class _Trio(types.SimpleNamespace):
+    """The `trio` pyfuse3 sees: trio itself, but for `lowlevel`."""
+
+    def __getattr__(self, name: str):
+        return getattr(trio, name)
+
+
+async def _ready() -> None:
+    """An await that returns at once (no trio round)."""
+
+
+def install() -> None:
+    """pyfuse3's loop reads waiting requests without a trio round each (module docstring)."""
+    poller, polled, run = select.poll(), [None], [0]
+
+    def wait_readable(fd):
+        if polled[0] != fd:
+            if polled[0] is not None:
+                poller.unregister(polled[0])
+            poller.register(fd, select.POLLIN)
+            polled[0] = fd
+        if run[0] < RUN:
+            try:
+                ready = poller.poll(0)
+            except OSError:
+                ready = ()
+            if ready and ready[0][1] & select.POLLIN and not ready[0][1] & (select.POLLNVAL | select.POLLERR):
+                run[0] += 1
+                return _ready()
+        run[0] = 0
+        return trio.lowlevel.wait_readable(fd)
+
+    pyfuse3.trio = _Trio(lowlevel=_Lowlevel(wait_readable=wait_readable))  # type: ignore[attr-defined]
