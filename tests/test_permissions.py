@@ -812,12 +812,22 @@ def test_directories_narrowed_or_widened_while_mounted_follow_the_store(public_t
             print(f"{view}: matched the store after {time.monotonic() - started:.1f} s ({got}; {' '.join(log)})")
 
 
-async def test_directories_changed_sees_bits_owners_and_acls_not_a_directory_gone(public_tmp, reader):
-    """FUSE-free: what the watch of a mount asks every second (`LocalStore.directories_changed`)."""
+def _unwatched(store: LocalStore, every: bool) -> None:
+    """Every directory looked at by a stat at each look (as on a network filesystem), or none."""
+    if every:
+        store._mounts.stalling_points = lambda: frozenset({"/"})
+
+
+@pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
+async def test_directories_changed_sees_bits_owners_and_acls_not_a_directory_gone(public_tmp, reader, looked_at):
+    """FUSE-free: what the watch of a mount asks every second (`LocalStore.directories_changed`),
+    told by inotify which directories to look at, or looking at each (filesystems inotify
+    may not follow: network, FUSE)."""
     root = public_tmp / "s"
     (root / "d/e").mkdir(parents=True)
     (root / "d/e/f").write_bytes(b"f")
     store = LocalStore(str(root))
+    _unwatched(store, looked_at == "stat each")
     try:
         assert (await store.current("d/e/f")).mode == 0o644
         assert not await store.directories_changed()
@@ -845,6 +855,60 @@ async def test_directories_changed_sees_bits_owners_and_acls_not_a_directory_gon
         assert not await store.directories_changed()
         public_tmp.chmod(0o755)
         assert await store.directories_changed()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
+async def test_an_idle_look_stats_only_what_inotify_cannot_watch(public_tmp, looked_at, monkeypatch):
+    """FUSE-free: with inotify, a look at an idle store's 200 directories stats none of them (a
+    stat of each every second cost an idle mount 3-6% of a core for 2,421), and a change, a
+    directory replaced by another (rename over it) or made inside one costs a stat of the
+    directories named; without it (`stat each`), every directory each time. Random rounds."""
+    root = public_tmp / "s"
+    rng = random.Random(7)
+    dirs = [f"a{i}/b{j}" for i in range(20) for j in range(9)]
+    for d in dirs:
+        (root / d).mkdir(parents=True)
+        (root / d / "x").write_bytes(b"x")
+    store = LocalStore(str(root))
+    _unwatched(store, looked_at == "stat each")
+    stats: list[str] = []
+    lstat = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda p, *a, **k: (stats.append(str(p)), lstat(p, *a, **k))[1])
+    try:
+        for d in dirs:
+            await store.current(f"{d}/x")
+        assert not await store.directories_changed()  # (the first look compares them all)
+        remembered = len({*store._above_paths, *store._facts})
+        assert remembered > 180
+        for _ in range(12):
+            stats.clear()
+            assert not await store.directories_changed()
+            remembered = len({*store._above_paths, *store._facts})
+            assert len(stats) == (remembered if looked_at == "stat each" else 0), len(stats)
+            d = root / rng.choice(dirs)
+            how = rng.choice(["chmod", "replaced", "replaced alike", "file made"])
+            if how == "chmod":
+                d.chmod(0o700)
+            elif how in ("replaced", "replaced alike"):
+                d.rename(d.with_name(d.name + ".old"))
+                d.mkdir(mode=0o711 if how == "replaced" else 0o755)
+                d.chmod(0o711 if how == "replaced" else 0o755)
+            else:
+                (d / "y").write_bytes(b"y")
+            stats.clear()
+            assert await store.directories_changed() == (how in ("chmod", "replaced")), how
+            assert len(stats) <= (remembered if looked_at == "stat each" else 3), (how, len(stats))
+            if how == "replaced alike":  # the new directory is the one followed from here on
+                d.chmod(0o700)
+                assert await store.directories_changed(), "a change to the directory that replaced another"
+                how = "chmod"
+            if how in ("chmod", "replaced"):
+                store.forget_directories()
+                for x in dirs:
+                    await store.current(f"{x}/x")
+                await store.directories_changed()
     finally:
         await store.aclose()
 

@@ -114,6 +114,7 @@ from ..errors import ShardChanged, StorageError
 from . import leases
 from .access import CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach
 from .base import Entries, Entry, Pin, Store, Version, proof
+from .dirwatch import DirectoryWatch
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
 from .walk import Gate, Walked, join, resolve
 
@@ -375,6 +376,7 @@ class LocalStore(Store):
         self._scratch = memoryview(bytearray(1 << 20))  # RWF_NOWAIT target of reads up to 1 MiB
         #: the directories above the store root, and the root (a reader must search them all)
         self._forget_directories()
+        self._watch = DirectoryWatch()  # (inotify only once a front looks for changes)
         self._root_fd = os.open(self.real_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # (`_lookup_cached`)
 
     # -- paths, limits, descriptors ------------------------------------------------------
@@ -699,6 +701,7 @@ class LocalStore(Store):
         if len(self._walks) + len(walked.prefixes) > DIRS_KEPT or len(self._facts) + len(walked.facts) > DIRS_KEPT:
             self._walks = {"": self._walks[""]}
             self._facts = {self.real_root: self._facts[self.real_root]}
+            self._facts_added += 1
             self._reaches.clear()
         changed = False
         for key, real, gates in walked.prefixes:
@@ -710,6 +713,7 @@ class LocalStore(Store):
             old = self._facts.get(path)
             if old != d:
                 changed |= old is not None
+                self._facts_added += old is None
                 self._facts[path] = d
         if changed:
             self._reaches.clear()
@@ -726,24 +730,35 @@ class LocalStore(Store):
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
         self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
+        self._facts_added = 0  # directories added to `_facts` (the watch looks at new ones)
+        self._looked: tuple | None = None  # what `_facts` was at the last look (`directories_changed`)
 
     async def directories_changed(self) -> bool:
         """Whether the owner, group or bits (ACL folded in) of a directory the store
         remembers (the ones above the root, the root, and every one walked since) changed
         since they were read: what `zvfs refresh` reads again, looked at without it (a
-        worker thread, one lstat each; the ACL read again only where the ctime moved, which
-        every chmod, chown and ACL change does, since a look that found it settled: as for
-        files, a ctime younger than SETTLE may be shared by a later change). A directory gone
-        is no change (nothing below it opens); one made again is compared. (2,421 directories:
-        an outside attacker measured the idle daemon at 4-5% of a core with a getxattr each.)"""
+        worker thread; inotify names the directories to look at, dirwatch.py, and each of
+        those costs an lstat, the ACL read again only where the ctime moved, which every
+        chmod, chown and ACL change does, since a look that found it settled: as for files, a
+        ctime younger than SETTLE may be shared by a later change). A directory gone is no
+        change (nothing below it opens); one made again is compared. (2,421 directories: an
+        outside attacker measured the idle daemon at 4-5% of a core with a getxattr each, and
+        3-6% with an lstat each; with inotify an idle look stats nothing.)"""
+        now = (id(self._facts), self._facts_added)
+        if now == self._looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
+            return False
         paths = (*self._above_paths, *self._facts)
         known = (*self._above, *self._facts.values())
         seen = self._dir_ctimes
         if len(seen) > 2 * DIRS_KEPT:
             seen.clear()
+        unwatched = self._mounts.stalling_points()
 
         def changed() -> bool:
+            compare = self._watch.to_compare(paths, unwatched)
             for path, was in zip(paths, known):
+                if compare is not None and path not in compare:
+                    continue
                 try:
                     st = os.lstat(path)
                 except OSError:
@@ -756,12 +771,15 @@ class LocalStore(Store):
                     seen[path] = st.st_ctime_ns
             return False
 
-        return await self._in_thread(self._lexical_mount(""), changed)
+        found = await self._in_thread(self._lexical_mount(""), changed)
+        self._looked = now
+        return found
 
     def forget_directories(self) -> None:
         """`zvfs refresh`: directory permissions, ACLs and symlinks are read again (and the
         bits of files already open with them)."""
         self._forget_directories()
+        self._watch.close()
         for o in self._fds.values():
             o.via = o.version = None
 
@@ -1128,4 +1146,5 @@ class LocalStore(Store):
         LocalStore.kept -= len(self._fds)
         self._fds.clear()
         self._mounts.close()
+        self._watch.close()
         os.close(self._root_fd)
