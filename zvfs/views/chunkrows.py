@@ -129,9 +129,11 @@ SMALL_LISTING = 4096
 _SMALL_BYTES = 1 << 20
 #: bytes counted per row of such a listing (its rows as Python lists)
 _SMALL_ROW_COST = 160
-#: a table a small listing keeps whole for its files (not a copy of the rows it lists): at
-#: most this many bytes, or this many times the bytes of the rows it lists
-_KEEP_WHOLE, _KEEP_FACTOR = 4096, 8
+#: a table a small listing keeps whole for its files (not a copy of the rows it lists) is at
+#: most this many times the bytes of the rows it lists: the tree's recent listings (65,536
+#: files) then hold at most ~256 bytes of tables per file (a shard's 8 of 64 chunks, as in a
+#: 2-D array's row directory, are kept without a copy)
+_KEEP_FACTOR = 8
 #: the stamp of a file listed without its shard's version (not known without I/O): no bits;
 #: its size is unknown too, so the kernel asks for its attributes before using them
 _UNKNOWN = Stamp(mode=0)
@@ -707,7 +709,7 @@ class _Build:
             m = len(table.coords)
             if pick is None:
                 pick = np.arange(m)
-            elif size > max(_KEEP_WHOLE, _KEEP_FACTOR * size * len(pick) // m):
+            elif len(pick) * _KEEP_FACTOR < m:
                 table, pick = _take(table, pick), np.arange(len(pick))
                 size = table.nbytes
             picks.append(pick)
