@@ -356,6 +356,7 @@ class LocalPin(Pin):
 class LocalStore(Store):
     #: descriptors kept open by all the stores of this process (`_process_budget`)
     kept = 0
+    dir_bits = True
 
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
         self.root = os.path.abspath(root)
@@ -700,21 +701,27 @@ class LocalStore(Store):
             self._walks = {"": self._walks[""]}
             self._facts = {self.real_root: self._facts[self.real_root]}
             self._reaches.clear()
-        changed = False
+            self.generation += 1
+        changed = learned = False
         for key, real, gates in walked.prefixes:
             old = self._walks.get(key)
             if old != (real, gates):
                 changed |= old is not None
+                learned = True
                 self._walks[key] = (real, gates)
         for path, d in walked.facts.items():
             old = self._facts.get(path)
             if old != d:
                 changed |= old is not None
+                learned = True
                 self._facts[path] = d
         if changed:
             self._reaches.clear()
+        if learned:
+            self.generation += 1
 
     def _forget_directories(self) -> None:
+        self.generation += 1
         self._protected = protected_symlinks()
         #: the directories above the store root (a reader must search them all) ...
         parts = self.real_root.strip("/").split("/") if self.real_root != "/" else []
@@ -757,6 +764,32 @@ class LocalStore(Store):
             return False
 
         return await self._in_thread(self._lexical_mount(""), changed)
+
+    def known_dir(self, key: str) -> tuple[int, int, int] | None:
+        """From the walks and facts kept (no I/O): the directory's facts, its bits less the
+        classes the directories searched on the way to it stop (as `info` shows it)."""
+        w = self._walks.get(key)
+        own = None if w is None else self._facts.get(w[0])
+        if own is None:
+            return None
+        above = list(self._above)
+        for g in w[1]:
+            if isinstance(g, str):
+                g = self._facts.get(g)  # type: ignore[assignment]
+                if g is None:
+                    return None
+            above.append(g)  # type: ignore[arg-type]
+        uid, gid, mode = own
+        return uid, gid, mode & reach(above, uid, gid)
+
+    async def learn_dir(self, key: str) -> tuple[int, int, int] | None:
+        """Walked when not known: on the loop from the kernel's caches where it can
+        (`_walk_cached`), else in a worker thread; what it finds is kept and watched
+        (`directories_changed`)."""
+        found = self.known_dir(key)
+        if found is None and await self._walk_to(key) is not None:
+            found = self.known_dir(key)
+        return found
 
     def forget_directories(self) -> None:
         """`zvfs refresh`: directory permissions, ACLs and symlinks are read again (and the

@@ -159,6 +159,11 @@ class Dir(Node):
     __slots__ = ()
     is_dir = True
 
+    async def ready(self) -> None:
+        """Learn what `stamp` needs, where that may take I/O (a chunk directory's bits are
+        those of the store directories it stands for: views/chunkbits.py); the fronts await
+        it before they show a directory."""
+
     async def rows(self) -> Rows:
         """The listing for the kernel (`entries` without building nodes, where a directory
         can do that)."""
