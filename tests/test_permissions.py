@@ -1027,3 +1027,39 @@ def test_listings_show_no_name_the_store_hides_from_the_reader(public_tmp, templ
                                    _compare(s, mnt, view, narrow))[0], 6.0)
             log = " ".join(f"{d.relative_to(s)}={oct(d.stat().st_mode & 0o777)}" for d in levels)
             print(f"{view}: listings matched the store after {time.monotonic() - started:.1f} s ({got}; {log})")
+
+
+async def test_which_store_directories_a_chunk_directory_stands_for(public_tmp):
+    """FUSE-free, 3-d (shards of 2x2x2 chunks, 2x2x2 shards), `c/0/1` closed to others: in the
+    Zarr view `c/i/j` is `c/(i//2)/(j//2)` of the store; in the N5 view (axes reversed: `k/j/i`)
+    a directory of files `k/j` is every `c/*/(j//2)`, a directory `k` every `c/*`, and the array
+    directory lists what every `c/*/*` lists (its read bits, not its search bits)."""
+    from zvfs.core.source import open_source
+    from zvfs.options import MountOptions
+
+    src = public_tmp / "cube.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=3)
+    g.create_array("a", shape=(8, 8, 8), shards=(4, 4, 4), chunks=(2, 2, 2), dtype="uint8", compressors=None)[...] = 1
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    (src / "a/c/0/1").chmod(0o700)
+    want = {"zarr": {"a/c": 0o555, "a/c/0": 0o555, "a/c/1": 0o555, "a/c/0/0": 0o555, "a/c/0/1": 0o555,
+                     "a/c/0/2": 0o500, "a/c/1/3": 0o500, "a/c/2/2": 0o555, "a": 0o555},
+            "n5": {"a/0": 0o555, "a/3": 0o555, "a/0/0": 0o555, "a/3/1": 0o555, "a/0/2": 0o500, "a/3/3": 0o500,
+                   "a": 0o511}}
+    for view, modes in want.items():
+        opened = await open_source(str(src), MountOptions(view=view))
+        try:
+            got = {}
+            for path in modes:
+                node = await opened.tree.resolve(path)
+                await node.ready()
+                got[path] = node.stamp().mode & 0o555
+            assert got == modes, (view, {p: oct(m) for p, m in got.items()})
+            rows = await (await opened.tree.resolve("a/c/0" if view == "zarr" else "a/0")).rows()
+            names, _, _, _, stamps, _ = rows.window(0, len(rows))
+            shown = {n: s.mode & 0o555 for n, s in zip(names, stamps)}
+            assert shown == ({"0": 0o555, "1": 0o555, "2": 0o500, "3": 0o500} if view == "zarr" else
+                             {"0": 0o555, "1": 0o555, "2": 0o500, "3": 0o500}), (view, shown)
+        finally:
+            await opened.store.aclose()

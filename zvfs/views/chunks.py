@@ -228,6 +228,7 @@ class ChunkSpace(InodeRange):
         layout = self.layout
         if layout.nested:
             if layout.top:
+                await self.bits.learn(())
                 return [(layout.top, ChunkDir(self.ino_of(()), self, ()))] if all(self.pgrid) else []
             return await self.children(())
         return self._files(await self.present(()), lambda coords, p: layout.flat_name(coords))
