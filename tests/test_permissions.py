@@ -1039,14 +1039,17 @@ async def test_which_store_directories_a_chunk_directory_stands_for(public_tmp):
 
     src = public_tmp / "cube.zarr"
     g = zarr.open_group(str(src), mode="w", zarr_format=3)
-    g.create_array("a", shape=(8, 8, 8), shards=(4, 4, 4), chunks=(2, 2, 2), dtype="uint8", compressors=None)[...] = 1
+    for name, fill in (("a", 0), ("f", 7)):  # (f: N5 shows its missing blocks, as fill blocks)
+        g.create_array(name, shape=(8, 8, 8), shards=(4, 4, 4), chunks=(2, 2, 2), dtype="uint8", fill_value=fill,
+                       compressors=None)[...] = 1
     for p in [src, *src.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     (src / "a/c/0/1").chmod(0o700)
+    (src / "f/c/0/1").chmod(0o700)
     want = {"zarr": {"a/c": 0o555, "a/c/0": 0o555, "a/c/1": 0o555, "a/c/0/0": 0o555, "a/c/0/1": 0o555,
                      "a/c/0/2": 0o500, "a/c/1/3": 0o500, "a/c/2/2": 0o555, "a": 0o555},
             "n5": {"a/0": 0o555, "a/3": 0o555, "a/0/0": 0o555, "a/3/1": 0o555, "a/0/2": 0o500, "a/3/3": 0o500,
-                   "a": 0o511}}
+                   "a": 0o511, "f/0/2": 0o500, "f/0/0": 0o555, "f": 0o511}}
     for view, modes in want.items():
         opened = await open_source(str(src), MountOptions(view=view))
         try:
