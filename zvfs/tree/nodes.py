@@ -166,8 +166,12 @@ class Dir(Node):
 
     async def rows(self) -> Rows:
         """The listing for the kernel (`entries` without building nodes, where a directory
-        can do that)."""
-        return Rows.of(await self.entries())
+        can do that); its directories' bits learned first (the kernel holds what it is shown)."""
+        entries = await self.entries()
+        for _, node in entries:
+            if node.is_dir:
+                await node.ready()  # type: ignore[attr-defined]
+        return Rows.of(entries)
 
     async def lookup(self, name: str) -> Node | None:
         """The child called `name`, or None. Must not need a listing where avoidable."""
