@@ -594,3 +594,33 @@ def test_a_directory_narrowed_while_serving_stops_being_served(public_tmp):
             settles("/img/c/0/1", False)
             closed.chmod(0o755)
             settles("/img/c/0/1", True)
+
+
+def test_a_closed_row_directory_is_not_listed(public_tmp):
+    """Anyone reads a server, so it serves only what anyone may read in the store: with the
+    shard-row directory `img/c/0` at 0700, the JSON listings of the view's `c/0/` and `c/1/`
+    (the chunks of the shards in it: two chunk rows a shard) are refused and `c/2/` still
+    listed; opened while serving, `c/0/` is listed again within seconds. Before: every chunk
+    name and size of the closed row."""
+    root = public_tmp / "store.zarr"
+    _write(root)
+    for p in [root, *root.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    (root / "img/c/0").chmod(0o700)
+
+    def listed(path: str):
+        status, _, body = _get(server, f"{path}?format=json")
+        return status, [e["name"] for e in json.loads(body)["entries"]] if status == 200 else None
+
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        for row in ("/img/c/0/", "/img/c/1/"):
+            status, names = listed(row)
+            assert status in (403, 404) and names is None, (row, status, names)
+        assert listed("/img/c/2/") == (200, ["0", "1", "2", "3"])  # (shard c/1/2 is all fill: not written)
+        assert _get(server, "/img/c/0/1")[0] in (403, 404)
+        (root / "img/c/0").chmod(0o755)
+        started = time.monotonic()
+        while listed("/img/c/0/")[0] != 200:
+            assert time.monotonic() - started < 6, "c/0 opened in the store, still refused"
+            time.sleep(0.2)
+        assert listed("/img/c/0/") == (200, ["0", "1", "2", "3", "4", "5"])

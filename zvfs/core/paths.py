@@ -129,17 +129,19 @@ class Paths:
     async def resolve(self, path: str) -> Node:
         node: Node | None = self.source.tree.root
         assert node is not None
-        self._check(node, path)
+        await self._check(node, path)
         for name in parts_of(path):
             if not node.is_dir:
                 raise _error(errno.ENOTDIR, path)
             node = await node.lookup(name)  # type: ignore[union-attr]
             if node is None:
                 raise _error(errno.ENOENT, path)
-            self._check(node, path)
+            await self._check(node, path)
         return node
 
-    def _check(self, node: Node, path: str) -> None:
+    async def _check(self, node: Node, path: str) -> None:
+        if node.is_dir:
+            await node.ready()  # type: ignore[attr-defined]
         if self.public and not self.shown.public(node.is_dir, node.stamp().mode):
             raise _error(errno.EACCES, path)
 

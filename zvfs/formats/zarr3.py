@@ -230,6 +230,15 @@ class ArrayNode:
     def store_key(self, key: str) -> str:
         return f"{self.path}/{key}" if self.path else key
 
+    def row_dir(self, prefix: tuple[int, ...]) -> str | None:
+        """The store directory that holds the keys (of shards, or of chunks when unsharded)
+        whose first grid coordinates are `prefix`: `c/1/2` of `c/1/2/3`, `c` of `()`. None
+        where keys are not nested (a `.` separator: every key in one directory)."""
+        if self.encoding.separator != "/" or not self.shape:
+            return None
+        parts = (["c"] if self.encoding.name == "default" else []) + [str(c) for c in prefix]
+        return self.store_key("/".join(parts)) if parts else self.path
+
 
 @dataclass
 class GroupNode:
@@ -497,6 +506,9 @@ class ShardedArray:
         #: a slice in flight is memory outside the caches, so a small budget takes smaller ones
         self._lazy_slice = min(LAZY_SLICE, max(1 << 20, self.cache.max_bytes))
         self._list_slice = min(LIST_SLICE, max(1 << 14, self.cache.max_bytes // 64))
+
+    def row_dir(self, prefix: tuple[int, ...]) -> str | None:
+        return self.node.row_dir(prefix)
 
     def shard_key(self, shard: tuple[int, ...]) -> str:
         key = self._keys.get(shard)
@@ -1010,6 +1022,9 @@ class PlainArray:
 
     def in_grid(self, coords: tuple[int, ...]) -> bool:
         return len(coords) == self.ndim and all(0 <= c < g for c, g in zip(coords, self.grid))
+
+    def row_dir(self, prefix: tuple[int, ...]) -> str | None:
+        return self.node.row_dir(prefix)
 
     async def locate(self, coords: tuple[int, ...]) -> ChunkRef | None:
         if not self.in_grid(coords):

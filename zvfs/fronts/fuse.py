@@ -242,6 +242,8 @@ class ZvfsOperations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
         a.attr_timeout = TIMEOUT
+        if node.is_dir:
+            await node.ready()  # type: ignore[attr-defined]
         stamp = node.stamp()
         if node.is_dir:
             a.attr_timeout = self.dir_timeout

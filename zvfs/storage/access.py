@@ -86,6 +86,16 @@ def reach(path: list[Dir] | tuple[Dir, ...], uid: int, gid: int) -> int:
     return (USER if u else 0) | (GROUP if g else 0) | (OTHER if o else 0)
 
 
+
+def fold(dirs: list[Dir] | tuple[Dir, ...], uid: int, gid: int) -> int:
+    """Read and search bits for a directory owned by `uid`:`gid` that stands for all of `dirs`
+    at once (a view's directory whose entries come from several store directories): a class
+    gets read (search) only where every user it can hold reads (searches) every one of them,
+    by `reach` over their read (search) bits. Exact where they all have that owner and group."""
+    r = reach([(u, g, (m & 0o444) >> 2) for u, g, m in dirs], uid, gid)
+    x = reach([(u, g, m & 0o111) for u, g, m in dirs], uid, gid)
+    return (r & 0o444) | (x & 0o111)
+
 # -- POSIX ACLs ------------------------------------------------------------------------------
 
 

@@ -188,6 +188,21 @@ class Store(abc.ABC):
         where the store can tell without a listing; None otherwise."""
         return None
 
+    #: whether its directories have owners and bits (`known_dir`): local stores
+    dir_bits: bool = False
+    #: moves whenever what `known_dir` knows changes (a directory learned, changed or forgotten)
+    generation: int = 0
+
+    def known_dir(self, key: str) -> tuple[int, int, int] | None:
+        """(owner, group, read and search bits a reader of the store has: the directory's own,
+        less the classes a directory above stops) of store directory `key`, if known without
+        I/O; None otherwise, and always for stores whose directories have no bits (remote)."""
+        return None
+
+    async def learn_dir(self, key: str) -> tuple[int, int, int] | None:
+        """`known_dir`, looked up when not known (None: not a directory there, or no bits)."""
+        return None
+
     def root_mode(self) -> tuple[int | None, int | None, int | None] | None:
         """(mode, uid, gid) the store's root shows: the read and search bits a reader has, its
         owner and group, where the store has them (local files, archives in them, stores over

@@ -357,6 +357,7 @@ class LocalPin(Pin):
 class LocalStore(Store):
     #: descriptors kept open by all the stores of this process (`_process_budget`)
     kept = 0
+    dir_bits = True
 
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
         self.root = os.path.abspath(root)
@@ -701,24 +702,28 @@ class LocalStore(Store):
         if len(self._walks) + len(walked.prefixes) > DIRS_KEPT or len(self._facts) + len(walked.facts) > DIRS_KEPT:
             self._walks = {"": self._walks[""]}
             self._facts = {self.real_root: self._facts[self.real_root]}
-            self._facts_added += 1
             self._reaches.clear()
-        changed = False
+            self.generation += 1
+        changed = learned = False
         for key, real, gates in walked.prefixes:
             old = self._walks.get(key)
             if old != (real, gates):
                 changed |= old is not None
+                learned = True
                 self._walks[key] = (real, gates)
         for path, d in walked.facts.items():
             old = self._facts.get(path)
             if old != d:
                 changed |= old is not None
-                self._facts_added += old is None
+                learned = True
                 self._facts[path] = d
         if changed:
             self._reaches.clear()
+        if learned:
+            self.generation += 1
 
     def _forget_directories(self) -> None:
+        self.generation += 1
         self._protected = protected_symlinks()
         #: the directories above the store root (a reader must search them all) ...
         parts = self.real_root.strip("/").split("/") if self.real_root != "/" else []
@@ -730,8 +735,7 @@ class LocalStore(Store):
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
         self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
-        self._facts_added = 0  # directories added to `_facts` (the watch looks at new ones)
-        self._looked: tuple | None = None  # what `_facts` was at the last look (`directories_changed`)
+        self._looked: int | None = None  # the `generation` of the last look (`directories_changed`)
 
     async def directories_changed(self) -> bool:
         """Whether the owner, group or bits (ACL folded in) of a directory the store
@@ -744,7 +748,7 @@ class LocalStore(Store):
         change (nothing below it opens); one made again is compared. (2,421 directories: an
         outside attacker measured the idle daemon at 4-5% of a core with a getxattr each, and
         3-6% with an lstat each; with inotify an idle look stats nothing.)"""
-        now = (id(self._facts), self._facts_added)
+        now = self.generation
         if now == self._looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
             return False
         paths = (*self._above_paths, *self._facts)
@@ -773,6 +777,32 @@ class LocalStore(Store):
 
         found = await self._in_thread(self._lexical_mount(""), changed)
         self._looked = now
+        return found
+
+    def known_dir(self, key: str) -> tuple[int, int, int] | None:
+        """From the walks and facts kept (no I/O): the directory's facts, its bits less the
+        classes the directories searched on the way to it stop (as `info` shows it)."""
+        w = self._walks.get(key)
+        own = None if w is None else self._facts.get(w[0])
+        if own is None:
+            return None
+        above = list(self._above)
+        for g in w[1]:
+            if isinstance(g, str):
+                g = self._facts.get(g)  # type: ignore[assignment]
+                if g is None:
+                    return None
+            above.append(g)  # type: ignore[arg-type]
+        uid, gid, mode = own
+        return uid, gid, mode & reach(above, uid, gid)
+
+    async def learn_dir(self, key: str) -> tuple[int, int, int] | None:
+        """Walked when not known: on the loop from the kernel's caches where it can
+        (`_walk_cached`), else in a worker thread; what it finds is kept and watched
+        (`directories_changed`)."""
+        found = self.known_dir(key)
+        if found is None and await self._walk_to(key) is not None:
+            found = self.known_dir(key)
         return found
 
     def forget_directories(self) -> None:

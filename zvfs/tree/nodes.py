@@ -159,10 +159,19 @@ class Dir(Node):
     __slots__ = ()
     is_dir = True
 
+    async def ready(self) -> None:
+        """Learn what `stamp` needs, where that may take I/O (a chunk directory's bits are
+        those of the store directories it stands for: views/chunkbits.py); the fronts await
+        it before they show a directory."""
+
     async def rows(self) -> Rows:
         """The listing for the kernel (`entries` without building nodes, where a directory
-        can do that)."""
-        return Rows.of(await self.entries())
+        can do that); its directories' bits learned first (the kernel holds what it is shown)."""
+        entries = await self.entries()
+        for _, node in entries:
+            if node.is_dir:
+                await node.ready()  # type: ignore[attr-defined]
+        return Rows.of(entries)
 
     async def lookup(self, name: str) -> Node | None:
         """The child called `name`, or None. Must not need a listing where avoidable."""

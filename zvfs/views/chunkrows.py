@@ -46,6 +46,12 @@ async def chunk_rows(space: ChunkSpace, path: tuple[int, ...], nested: bool) -> 
             for table in await space.source.tables(build.fixed):
                 build.add(table)
         build.finish()
+        if not rows.files:  # the bits of the directories listed (one span per shard along the axis)
+            per = space.bits.per[rows.axis]  # type: ignore[index]
+            for segment in rows.segments:
+                values = rows.unplace(segment.seg, segment.presence.select(0, segment.count))  # type: ignore[union-attr]
+                for v in distinct(values // per).tolist():
+                    await space.bits.learn((*path, v * per))
     except BaseException:
         rows.release()
         raise
@@ -481,7 +487,13 @@ class ChunkRows(Rows):
             else:
                 dirs += [True] * n
                 sizes += [0] * n
-                stamps += [self.space.stamp()] * n
+                bits, per, path = self.space.bits, self.space.bits.per[self.axis], self.path  # type: ignore[index]
+                shown: dict[int, Stamp] = {}
+                for v in values.tolist():
+                    stamp = shown.get(v // per)
+                    if stamp is None:
+                        stamp = shown[v // per] = bits.stamp((*path, v))
+                    stamps.append(stamp)
                 tokens += [None] * n
             return
         space = self.space

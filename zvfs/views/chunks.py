@@ -25,6 +25,7 @@ from ..formats.array import ChunkSource, distinct
 from ..formats.array import ChunkTableLike as ChunkTable
 from ..formats.chunkref import ChunkRef
 from ..formats.zarr3 import ChunkKeyEncoding, parse_coord
+from ..storage.base import Store
 from ..tree.nodes import (
     NO_STAMP,
     Dir,
@@ -36,6 +37,7 @@ from ..tree.nodes import (
     Tree,
     grid_block_sizes,
 )
+from .chunkbits import ChunkBits
 from .chunkrows import chunk_rows, leading_rows, matching_rows
 
 #: (inode, where the chunk's bytes are (None: a fill block), grid coords) -> the file
@@ -88,17 +90,20 @@ class ChunkSpace(InodeRange):
     file."""
 
     def __init__(self, tree: Tree, source: ChunkSource, layout: Layout, make_file: MakeFile, plain: bool = False,
-                 stamp: Callable[[], Stamp] = lambda: NO_STAMP, where: str = ""):
+                 stamp: Callable[[], Stamp] = lambda: NO_STAMP, where: str = "", store: Store | None = None):
         self.source = source
         self.where = where  # the array's path, for messages
-        #: of the chunk directories: the store's `c/` (or array directory), as it is now (read
-        #: again when directory permissions change: `OpenSource.watch_permissions`)
+        #: the store's `c/` (or array directory), as it is now (read again when directory
+        #: permissions change: `OpenSource.watch_permissions`): the chunk directories' times,
+        #: and their bits where the store's keys are not nested
         self.stamp = stamp
         self.layout = layout
         self.make_file = make_file
         self.plain = plain
         self.ndim = source.ndim
         self.axes = layout.axes if layout.nested else tuple(range(self.ndim))
+        #: the chunk directories' bits: those of the store directories they stand for
+        self.bits = ChunkBits(source, store if layout.nested else None, self.axes, stamp, where)
         self.pgrid = tuple(source.grid[a] for a in self.axes)  # the grid in path order
         sizes = grid_block_sizes(self.pgrid)
         self.depth_start = list(itertools.accumulate([0, *sizes[:-1]]))
@@ -189,6 +194,8 @@ class ChunkSpace(InodeRange):
             return self._files(found, lambda coords, p: str(p[-1]))
         axis = self.axes[d]
         values = distinct(np.concatenate([t.coords[rows, axis] for t, rows in found])).tolist() if found else []
+        for i in values:
+            await self.bits.learn((*path, i))
         return [(str(i), ChunkDir(self.ino_of((*path, i)), self, (*path, i))) for i in values]
 
     async def rows(self, path: tuple[int, ...]) -> Rows:
@@ -221,6 +228,7 @@ class ChunkSpace(InodeRange):
         layout = self.layout
         if layout.nested:
             if layout.top:
+                await self.bits.learn(())
                 return [(layout.top, ChunkDir(self.ino_of(()), self, ()))] if all(self.pgrid) else []
             return await self.children(())
         return self._files(await self.present(()), lambda coords, p: layout.flat_name(coords))
@@ -235,7 +243,10 @@ class ChunkDir(Dir):
         self.path = path
 
     def stamp(self) -> Stamp:
-        return self.space.stamp()
+        return self.space.bits.stamp(self.path)
+
+    async def ready(self) -> None:
+        await self.space.bits.learn(self.path)
 
     async def lookup(self, name: str) -> Node | None:
         return await self.space.child(self.path, name)

@@ -144,10 +144,15 @@ class ArrayDir(Dir):
         self.array = array
         source = view.source(array)
         self.chunks = ChunkSpace(view.tree, source, view.layout(array), view.make_file(array, source),
-                                 stamp=lambda: view.chunk_stamp(array), where=array.path)
+                                 stamp=lambda: view.chunk_stamp(array), where=array.path, store=view.store)
 
     def stamp(self) -> Stamp:
-        return self.view.stamp(self.array.path)
+        """The array directory's; it lists the first level of chunk names too (`narrow_top`)."""
+        own = self.view.stamp(self.array.path)
+        return own if self.chunks.layout.top else self.chunks.bits.narrow_top(own)
+
+    async def ready(self) -> None:
+        await self.chunks.bits.learn(())
 
     def _files(self) -> dict[str, Node]:
         return {name: self.view.metadata(child_path(self.array.path, name), data, self.array)

@@ -144,6 +144,10 @@ class FilledSource:
     def per_shard(self) -> tuple[int, ...] | None:
         return getattr(self.inner, "per_shard", None)
 
+    def row_dir(self, prefix: tuple[int, ...]) -> str | None:
+        row_dir = getattr(self.inner, "row_dir", None)
+        return None if row_dir is None else row_dir(prefix)
+
     async def scan(self, fixed: dict[int, int], visit) -> None:
         """The inner source's tables for a listing, a few at a time where it can (chunks.py)."""
         scan = getattr(self.inner, "scan", None)

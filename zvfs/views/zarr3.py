@@ -200,7 +200,8 @@ class ShardedArrayDir(Dir):
         path = array.node.path
         chunk_dir = child_path(path, layout.top) if layout.top else path
         self.chunks = ChunkSpace(view.tree, array, layout, lambda ino, ref, coords: RangeFile(ino, array.store, ref), plain=True,
-                                 stamp=lambda: view.stamp(chunk_dir if chunk_dir in view.dirs else path), where=path)
+                                 stamp=lambda: view.stamp(chunk_dir if chunk_dir in view.dirs else path), where=path,
+                                 store=view.store)
 
     def stamp(self) -> Stamp:
         return self.view.stamp(self.array.node.path)
