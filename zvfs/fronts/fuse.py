@@ -324,7 +324,10 @@ class ZvfsOperations(pyfuse3.Operations):
             return self._control_attrs(inode)
         if self.kernel.is_alias(inode):
             return await self._alias_attrs(inode)
-        return await self._attrs(await self._node(inode))
+        node = await self._node(inode)
+        if not node.is_dir:
+            await node.revalidate()  # type: ignore[attr-defined]
+        return await self._attrs(node)
 
     async def forget(self, inode_list):
         """Nothing to free: interned nodes live as long as the mount, computed ones are rebuilt."""
