@@ -256,9 +256,10 @@ class RangeFile(File):
         the shard version it was made in, seconds old (an outside attacker's `ls -l` under
         dentry reclaim with a shard renamed over every 4 ms: 0.5-1% of sizes 2-16 s stale, all
         from such nodes). A chunk no longer stored keeps its answer (its open says ENOENT)."""
-        ref = await self.relocate() if self.relocate is not None else None
-        if ref is not None:
-            self.ref = ref
+        try:
+            await self._locate()
+        except Gone:
+            pass
 
     async def reopen(self) -> Handle:
         """The chunk located anew, and opened."""

@@ -712,7 +712,6 @@ class _Build:
         rows, small = self.rows, self.small
         assert small is not None
         n = self.small_rows
-        self.seen += n
         if not n:
             rows.made = Rows.empty()
             return True
