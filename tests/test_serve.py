@@ -624,3 +624,12 @@ def test_a_closed_row_directory_is_not_listed(public_tmp):
             assert time.monotonic() - started < 6, "c/0 opened in the store, still refused"
             time.sleep(0.2)
         assert listed("/img/c/0/") == (200, ["0", "1", "2", "3", "4", "5"])
+        # closed to one user only, its owner (0055 owned by nobody): anyone may be that user
+        os.chown(root / "img/c/0", 65534, -1)
+        (root / "img/c/0").chmod(0o055)
+        started = time.monotonic()
+        while listed("/img/c/0/")[0] == 200:
+            assert time.monotonic() - started < 6, "c/0 closed to its owner, still listed"
+            time.sleep(0.2)
+        assert _get(server, "/img/c/0/1")[0] in (403, 404)
+        assert listed("/img/c/2/")[0] == 200

@@ -14,8 +14,8 @@ import time
 
 from ..tree.nodes import Stamp
 
-OTHER_READ = 0o004
-OTHER_SEARCH = 0o001
+ALL_READ = 0o444
+ALL_SEARCH = 0o111
 
 
 class Shown:
@@ -55,7 +55,9 @@ class Shown:
         return self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
 
     def public(self, is_dir: bool, mode: int | None) -> bool:
-        """Whether anyone at all may read the node (a directory: list it and pass through it):
-        what a front with anonymous readers (`zvfs serve`) serves."""
+        """Whether every local user may read the node (a directory: list it and pass through
+        it): what a front with anonymous readers (`zvfs serve`) serves. Every class must have
+        the bits, the owner's too: a directory owned by `nobody` at 0055 is closed to `nobody`
+        alone, and an anonymous reader may be anyone."""
         bits = self.mode(is_dir, mode)
-        return bool(bits & OTHER_READ) and (not is_dir or bool(bits & OTHER_SEARCH))
+        return bits & ALL_READ == ALL_READ and (not is_dir or bits & ALL_SEARCH == ALL_SEARCH)

@@ -141,8 +141,10 @@ class OpenSource:
         for path, entry in zip(paths, found):
             if entry is not None and entry.is_dir:
                 self.dirs[path] = entry
-            else:  # (gone: shown with the store root's bits, as a node with none of its own)
-                self.dirs.pop(path, None)
+            else:  # gone (moved into a closed directory, say): shown closed to all but root,
+                # whatever the root's bits (its metadata, read when opened, is no longer the store's)
+                old = self.dirs[path]
+                self.dirs[path] = Entry(old.name, True, 0, 0, old.mtime, old.uid, old.gid)
 
     async def watch_permissions(self, changed: Callable[[], None]) -> None:
         """Forever, every RECHECK seconds: whether a directory's owner, group or bits changed

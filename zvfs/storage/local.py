@@ -375,10 +375,12 @@ class LocalStore(Store):
         self._warned: set[str] = set()
         self._cached_opens = True  # openat2(RESOLVE_CACHED) works on this kernel
         self._scratch = memoryview(bytearray(1 << 20))  # RWF_NOWAIT target of reads up to 1 MiB
+        self._root_fd = os.open(self.real_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # (`_lookup_cached`)
+        root = os.fstat(self._root_fd)
+        self._root_id = (root.st_dev, root.st_ino)  # the directory mounted (`_root_here`)
         #: the directories above the store root, and the root (a reader must search them all)
         self._forget_directories()
         self._watch = DirectoryWatch()  # (inotify only once a front looks for changes)
-        self._root_fd = os.open(self.real_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # (`_lookup_cached`)
 
     # -- paths, limits, descriptors ------------------------------------------------------
 
@@ -712,6 +714,8 @@ class LocalStore(Store):
                 learned = True
                 self._walks[key] = (real, gates)
         for path, d in walked.facts.items():
+            if path == self.real_root and not self._root_here:  # (shown closed: `_root_is_here`)
+                continue
             old = self._facts.get(path)
             if old != d:
                 changed |= old is not None
@@ -731,11 +735,26 @@ class LocalStore(Store):
         self._above: tuple[Dir, ...] = tuple(dir_facts(p) for p in self._above_paths)
         #: ... and below it: real directory path -> Dir (ACL folded in); store directory -> (its
         #: real path, the gates on the way: access.walk)
-        self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root)}
+        self._root_here = self._root_is_here()
+        self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root) if self._root_here else CLOSED}
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
         self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
         self._looked: int | None = None  # the `generation` of the last look (`directories_changed`)
+        self._shown: set[str] = set()  # real paths of the directories the views show (`info`)
+
+    def _root_is_here(self) -> bool:
+        """Whether the store root's path still names the directory mounted. A store moved
+        away (into a directory closed to others, say), deleted, or replaced by another
+        directory is shown closed to all but root (`_facts`): its descriptors would still
+        reach it (an outside attacker read every chunk of a store moved into a 0700 directory
+        through the mount and `zvfs serve`), and what its path names now is not what the
+        views were made of. Moved back, it is shown as before."""
+        try:
+            st = os.lstat(self.real_root)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._root_id
 
     async def directories_changed(self) -> bool:
         """Whether the owner, group or bits (ACL folded in) of a directory the store
@@ -745,14 +764,19 @@ class LocalStore(Store):
         those costs an lstat, the ACL read again only where the ctime moved, which every
         chmod, chown and ACL change does, since a look that found it settled: as for files, a
         ctime younger than SETTLE may be shared by a later change). A directory gone is no
-        change (nothing below it opens); one made again is compared. (2,421 directories: an
+        change (nothing below it opens), unless a view shows it (`info`: an array moved into a
+        closed directory, whose metadata the view still holds, is then shown closed); one made
+        again is compared; the store root moved,
+        gone or replaced (or back) is a change (`_root_is_here`). (2,421 directories: an
         outside attacker measured the idle daemon at 4-5% of a core with a getxattr each, and
         3-6% with an lstat each; with inotify an idle look stats nothing.)"""
         now = self.generation
         if now == self._looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
             return False
-        paths = (*self._above_paths, *self._facts)
-        known = (*self._above, *self._facts.values())
+        gone = [p for p in self._shown if p not in self._facts]  # (compared: back, they are a change)
+        paths = (*self._above_paths, *self._facts, *gone)
+        known = (*self._above, *self._facts.values(), *(CLOSED for _ in gone))
+        shown = frozenset(self._shown)
         seen = self._dir_ctimes
         if len(seen) > 2 * DIRS_KEPT:
             seen.clear()
@@ -760,12 +784,18 @@ class LocalStore(Store):
 
         def changed() -> bool:
             compare = self._watch.to_compare(paths, unwatched)
+            if self._root_is_here() != self._root_here:
+                return True
             for path, was in zip(paths, known):
                 if compare is not None and path not in compare:
+                    continue
+                if path == self.real_root and not self._root_here:  # (shown closed: `_root_is_here`)
                     continue
                 try:
                     st = os.lstat(path)
                 except OSError:
+                    if path in shown and was != CLOSED:
+                        return True
                     continue
                 if seen.get(path) == st.st_ctime_ns:
                     continue
@@ -1038,13 +1068,17 @@ class LocalStore(Store):
         return (st or await self._fstat(o)).st_size
 
     async def info(self, key: str) -> Entry | None:
-        """One name (a file or a directory) as a listing would give it, from one stat."""
+        """One name (a file or a directory) as a listing would give it, from one stat. A
+        directory asked for (a view shows it), or a name not found, is followed by
+        `directories_changed` when it goes or comes back."""
         if not key:
             mode, uid, gid = self.root_mode()
-            st = os.stat(self.real_root)
+            st = os.fstat(self._root_fd)  # (the directory mounted, wherever it is now)
             return Entry("", True, 0, mode, st.st_mtime, uid, gid)
         walked = await self._walk(key)  # (afresh: the views' directories, when a store is opened)
         st = walked.st
+        if st is None or stat.S_ISDIR(st.st_mode):
+            self._shown.add(self._real_path(key))
         if st is None or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) or not self._inside(walked.real):
             return None
         bits = reach(self._above + tuple(self._fact(g, walked.facts) for g in walked.gates), st.st_uid, st.st_gid)
