@@ -6,9 +6,11 @@ sizes are the chunk files of unsharded copies written by zarr-python with the sa
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
+import pyfuse3
 import pytest
 import zarr
 
@@ -48,5 +50,20 @@ async def test_getattr_of_a_kept_chunk_file_answers_its_shard_as_it_is_now(tmp_p
             tmp.write_bytes((tmp_path / f"v{v}.zarr/c/0/0").read_bytes())
             os.replace(tmp, store / "c/0/0")
             assert (await ops.getattr(ino)).st_size == sizes[v], f"version {v}"
+        # a version without that chunk (all fill value: not stored): ENOENT, not the last size
+        # (an outside attacker's `ls -l`: 29-98 of ~900,000 sizes 1-11 s stale); back, its size
+        gone = versions[1].copy()
+        gone[16:, 16:] = 0
+        _write(tmp_path / "gone.zarr", gone, True)
+        for shard, size in ((tmp_path / "gone.zarr/c/0/0", None), (tmp_path / "v1.zarr/c/0/0", sizes[1])):
+            tmp = store / "c/0/0.tmp"
+            tmp.write_bytes(shard.read_bytes())
+            os.replace(tmp, store / "c/0/0")
+            if size is None:
+                with pytest.raises(pyfuse3.FUSEError) as e:
+                    await ops.getattr(ino)
+                assert e.value.errno == errno.ENOENT
+            else:
+                assert (await ops.getattr(ino)).st_size == size
     finally:
         await src.store.aclose()

@@ -325,8 +325,8 @@ class ZvfsOperations(pyfuse3.Operations):
         if self.kernel.is_alias(inode):
             return await self._alias_attrs(inode)
         node = await self._node(inode)
-        if not node.is_dir:
-            await node.revalidate()  # type: ignore[attr-defined]
+        if not node.is_dir and not await node.revalidate() and inode not in self.kernel.cached:  # type: ignore[attr-defined]
+            raise pyfuse3.FUSEError(errno.ENOENT)  # (no longer stored; open handles keep their version's size)
         return await self._attrs(node)
 
     async def forget(self, inode_list):

@@ -96,9 +96,10 @@ class File(Node):
     async def size(self) -> int:
         raise NotImplementedError
 
-    async def revalidate(self) -> None:
-        """Made current (getattr of a node kept from a lookup or a listing); nothing for files
-        that are not chunks of a shard."""
+    async def revalidate(self) -> bool:
+        """Made current (getattr of a node kept from a lookup or a listing); False: no longer
+        stored. Nothing for files that are not chunks of a shard."""
+        return True
 
     def known_size(self) -> int | None:
         """The size if it is known without I/O or decoding, else None (listings use this, so
@@ -250,16 +251,19 @@ class RangeFile(File):
             pin.release()
         return await self.reopen()
 
-    async def revalidate(self) -> None:
+    async def revalidate(self) -> bool:
         """The chunk located anew (one stat of its shard, its index from the cache if the shard
         is unchanged): a node the tree kept from a lookup or a listing answered getattr with
         the shard version it was made in, seconds old (an outside attacker's `ls -l` under
         dentry reclaim with a shard renamed over every 4 ms: 0.5-1% of sizes 2-16 s stale, all
-        from such nodes). A chunk no longer stored keeps its answer (its open says ENOENT)."""
+        from such nodes). False for a chunk no longer stored (its ref kept: the version open
+        handles may still read); its size was the rest of those stale answers (29-98 of
+        ~900,000 sizes, 1-11 s old: the chunk gone from its shard's newer versions)."""
         try:
             await self._locate()
         except Gone:
-            pass
+            return False
+        return True
 
     async def reopen(self) -> Handle:
         """The chunk located anew, and opened."""
