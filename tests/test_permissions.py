@@ -838,8 +838,9 @@ def _closed_below(mnt: Path, below: str) -> int:
 def test_a_store_moved_while_mounted_is_followed(public_tmp, template, reader, view):
     """Random rounds of moves while mounted with allow_other: the store root moved into a
     directory the reader cannot search (0700), the same with an empty 0755 directory made in
-    its place, its parent moved there, an array moved there; `zvfs refresh` on the way; then
-    moved back. Within a few seconds the reader reads through the mount none of what moved
+    its place, its parent moved there, an array moved there or deleted (after its chunks were
+    read), an array deleted and made again with its `c/` closed; `zvfs refresh` on the way;
+    then moved back. Within a few seconds the reader reads through the mount none of what moved
     (its path names nothing the reader may read now), and once back, exactly what it did
     before. Before: a moved store stayed readable whole through the mount (its descriptors
     still reach it), an array moved away kept its metadata readable, and `zvfs refresh` failed
@@ -866,6 +867,12 @@ def test_a_store_moved_while_mounted_is_followed(public_tmp, template, reader, v
         "parent": ("", lambda: pub.rename(priv / "pub"), lambda: (priv / "pub").rename(pub)),
         "array": ("a", lambda: (s / "a").rename(priv / "a"), lambda: (priv / "a").rename(s / "a")),
         "nested array": ("g/b", lambda: (s / "g/b").rename(priv / "b"), lambda: (priv / "b").rename(s / "g/b")),
+        # (its chunks were read: the store's descriptors pin its directories, whose own
+        # IN_DELETE_SELF then never comes; an outside attacker's `rm -rf` went unseen)
+        "array deleted": ("a", lambda: shutil.rmtree(s / "a"), lambda: _put_array(template, s / "a")),
+        "array made again with c/ closed": (None, lambda: (shutil.rmtree(s / "a"), _put_array(template, s / "a"),
+                                                            (s / "a/c").chmod(0o700)),
+                                            lambda: (s / "a/c").chmod(0o755)),
     }
     rng = random.Random(f"{view}-{time.time_ns()}")
     order = rng.sample(sorted(moves), len(moves))
@@ -876,12 +883,14 @@ def test_a_store_moved_while_mounted_is_followed(public_tmp, template, reader, v
             below, away, back = moves[name]
             away()
             started = time.monotonic()
-            _settle(lambda: _closed_below(mnt, below), 6.0)
-            if below:  # (the rest of the store stays as it is)
+            if below is not None:
+                _settle(lambda: _closed_below(mnt, below), 6.0)
+            if below != "":  # (the rest of the store stays as it is)
                 _settle(lambda: _compare(s, mnt, view), 6.0)
             if rng.random() < 0.5:
                 assert run_zvfs("refresh", mnt).returncode == 0
-                _closed_below(mnt, below)
+                if below is not None:
+                    _closed_below(mnt, below)
             print(f"{view}: {name} moved away: closed after {time.monotonic() - started:.1f} s")
             back()
             _settle(lambda: _compare(s, mnt, view) == before or _fail(f"{name} moved back: {_compare(s, mnt, view)}"), 6.0)
@@ -934,6 +943,35 @@ async def test_directories_changed_sees_bits_owners_and_acls_not_a_directory_gon
         assert not await store.directories_changed()
         public_tmp.chmod(0o755)
         assert await store.directories_changed()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
+async def test_a_shown_directory_removed_under_an_open_shard_is_a_change(public_tmp, looked_at):
+    """FUSE-free: an array directory a view shows (`info`), removed (`rm -rf`) after a shard
+    below it was opened: the store's descriptor pins the removed directories, whose own
+    IN_DELETE_SELF then never comes; their parent's IN_DELETE says it (an outside attacker:
+    the deleted array stayed readable through the mount). Made again, it is a change again."""
+    root = public_tmp / "s"
+    for f in (root / "a/c/0/0", root / "a/c/1/1"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"shard")
+    store = LocalStore(str(root))
+    _unwatched(store, looked_at == "stat each")
+    try:
+        for key in ("", "a", "a/c"):
+            assert (await store.info(key)).is_dir
+        assert await store.current("a/c/0/0") is not None
+        assert not await store.directories_changed()
+        shutil.rmtree(root / "a")
+        assert await store.directories_changed(), "a shown directory removed"
+        store.forget_directories()
+        for key in ("", "a", "a/c"):
+            await store.info(key)
+        assert not await store.directories_changed(), "gone, and known gone"
+        (root / "a/c").mkdir(parents=True)
+        assert await store.directories_changed(), "made again"
     finally:
         await store.aclose()
 

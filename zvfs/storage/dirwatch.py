@@ -5,7 +5,10 @@ A mount that other users read looks every second for directories whose owner, gr
 ACL changed in the store. Polling cost one lstat per remembered directory: an idle mount that
 had walked 2,421 directories spent 3-6% of a core on it. Here each directory is watched
 (`IN_ATTRIB`: chmod, chown, setfacl; `IN_CREATE`/`IN_MOVED_TO` in its parent and
-`IN_DELETE_SELF`/`IN_MOVE_SELF` on itself: a directory replaced) and a look reads the events
+`IN_DELETE_SELF`/`IN_MOVE_SELF` on itself: a directory replaced; `IN_DELETE`/`IN_MOVED_FROM` in
+its parent: a directory removed whose `IN_DELETE_SELF` never comes while a descriptor below it
+is open, as the store's own shard descriptors are, which pin its dentry: an outside attacker's
+`rm -rf` of an array went unseen) and a look reads the events
 that came since the last one: only the directories they name are compared with what the store
 read of them, and those are watched again (a replaced directory is another inode). A directory
 is watched before it is first compared, so a change before the watch is seen by the comparison
@@ -26,8 +29,8 @@ from inotify_simple import INotify, flags
 
 log = logging.getLogger("zvfs.storage")
 
-_MASK = (flags.ATTRIB | flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
-         | flags.ONLYDIR | flags.DONT_FOLLOW | flags.EXCL_UNLINK)
+_MASK = (flags.ATTRIB | flags.CREATE | flags.MOVED_TO | flags.DELETE | flags.MOVED_FROM | flags.DELETE_SELF
+         | flags.MOVE_SELF | flags.ONLYDIR | flags.DONT_FOLLOW | flags.EXCL_UNLINK)
 #: an event that may mean the watched inode is no longer the one the path names
 _REPLACED = flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED
 
