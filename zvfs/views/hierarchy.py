@@ -48,6 +48,8 @@ class HierarchyView:
         for path, node in sorted(nodes.items()):
             if isinstance(node, ArrayModel):
                 try:
+                    if not isinstance(node.data_type, str):  # (an extension data type, as an object: zarr-python's datetime64)
+                        raise NotExpressible(f"data type {str(node.data_type)[:100]} has no form in this view")
                     self.encodings[path] = self.encoding(node)
                 except NotExpressible as e:
                     if path == "":  # a mount whose root would be ENOENT is refused
