@@ -896,6 +896,56 @@ def test_a_store_moved_while_mounted_is_followed(public_tmp, template, reader, v
             _settle(lambda: _compare(s, mnt, view) == before or _fail(f"{name} moved back: {_compare(s, mnt, view)}"), 6.0)
 
 
+@pytest.mark.parametrize("view", ["zarr", "zarr2"])
+def test_an_archive_moved_or_narrowed_while_mounted_is_followed(public_tmp, reader, view):
+    """A zip archive (zarr-python's ZipStore) mounted with allow_other, then in random order:
+    moved into a directory the reader cannot search, its directory closed (0700, or an ACL
+    that denies the reader), narrowed itself (0600), deleted; each undone. Within a few seconds
+    the reader reads nothing through the mount, and afterwards everything again. Before, all of
+    it stayed readable (an outside attacker, the mount and `zvfs serve`: only local stores were
+    watched)."""
+    from zarr.storage import ZipStore
+
+    top, priv = public_tmp / "d", public_tmp / "priv"
+    top.mkdir(mode=0o755)
+    priv.mkdir(mode=0o700)
+    top.chmod(0o755)
+    priv.chmod(0o700)
+    archive = top / "s.zip"
+    zs = ZipStore(archive, mode="w")
+    a = zarr.create_array(zs, name="a", shape=(16, 16), chunks=(4, 4), shards=(8, 8), dtype="uint8")
+    a[...] = np.arange(256, dtype="uint8").reshape(16, 16)
+    zs.close()
+    archive.chmod(0o644)
+    mnt = public_tmp / "mnt"
+    mnt.mkdir(mode=0o755)
+    mnt.chmod(0o755)
+    changes = {
+        "moved": (lambda: archive.rename(priv / "s.zip"), lambda: (priv / "s.zip").rename(archive)),
+        "directory closed": (lambda: top.chmod(0o700), lambda: top.chmod(0o755)),
+        "directory denies the reader": (lambda: set_acl(top, f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x"),
+                                        lambda: set_acl(top, "u::rwx,g::r-x,o::r-x")),
+        "archive narrowed": (lambda: archive.chmod(0o600), lambda: archive.chmod(0o644)),
+        "deleted": (lambda: shutil.copy(archive, priv / "keep.zip") and archive.unlink(),
+                    lambda: shutil.copy(priv / "keep.zip", archive) and archive.chmod(0o644)),
+    }
+
+    def all_readable():
+        files = [Path(d) / f for d, _, fs in os.walk(mnt) for f in fs]
+        assert len(files) > 16 and all(reader_can([("read", f) for f in files]).values())
+
+    rng = random.Random(f"{view}-{time.time_ns()}")
+    with zvfs_mount(archive, mnt, options=["allow_other", f"view={view}"]):
+        all_readable()
+        for name in rng.sample(sorted(changes), len(changes)):
+            away, back = changes[name]
+            print(f"{view}: archive {name}")
+            away()
+            _settle(lambda: _closed_below(mnt, ""), 6.0)
+            back()
+            _settle(all_readable, 6.0)
+
+
 def _fail(message: str):
     raise AssertionError(message)
 

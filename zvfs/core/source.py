@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from ..errors import MetadataError
+from ..errors import MetadataError, ZvfsError
 from ..formats.array import Hierarchy
 from ..formats.jsonfile import read_metadata
 from ..options import MountOptions, resolve_caches, storage_options
@@ -23,6 +23,7 @@ from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.gather import gather
 from ..storage.local import LocalStore
 from ..storage.open import open_store, open_zip
+from ..storage.zipstore import ZipStore
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 
@@ -127,6 +128,13 @@ class OpenSource:
         if isinstance(self.store, LocalStore):  # (where directories have permissions: no request per directory elsewhere)
             self.store.forget_directories()
             await self.refresh_directories()
+        elif isinstance(self.store, ZipStore):
+            self.store.forget_directories()
+            with trio.move_on_after(self.store.patience):  # (its bits are its archive's, read with its central directory)
+                try:
+                    await self.store.list("")
+                except ZvfsError as e:
+                    log.warning("%s: %s", self.store.display, e)
 
     async def refresh_directories(self) -> None:
         """The owner and bits of the directories the views show, read again (`refresh`);
@@ -155,7 +163,7 @@ class OpenSource:
         counted (150 ms for that store's 621 directories shown: counted, it put the next check
         3 s later, and an outside attacker's change right after a change was seen after 3-5 s)."""
         store = self.store
-        if not isinstance(store, LocalStore):
+        if not isinstance(store, (LocalStore, ZipStore)):
             return
         while True:
             began = time.monotonic()

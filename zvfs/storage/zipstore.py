@@ -45,6 +45,7 @@ import trio
 from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, ZvfsError, first_time
 from .base import Entries, Store, Version
 from .cache import CoalescingCache, decoded_size
+from .local import LocalStore
 
 log = logging.getLogger("zvfs.zip")
 
@@ -317,6 +318,13 @@ class ZipStore(Store):
         #: inflated entries (the mount's decoded cache: they count in its share of the budget)
         self.inflated = inflated if inflated is not None else CoalescingCache(64 << 20, decoded_size)
         self._inflating = Inflating(self.inflated.max_bytes)
+        #: the archive's (mode, uid, gid) as last read, and whether its path names nothing now
+        #: (`directories_changed`): kept while the central directory is read again
+        self._root: tuple[int | None, int | None, int | None] = (None, None, None)
+        self._gone = False
+        #: the archive's state at the watch's last look (`directories_changed`), first the one
+        #: its central directory was first read from (None: gone)
+        self._seen: tuple | None | object = _UNSEEN
 
     @property
     def patience(self) -> float:  # type: ignore[override]
@@ -362,6 +370,9 @@ class ZipStore(Store):
         if len(cd) != cd_size:
             raise ValueError(f"the central directory ({cd_size} bytes at {cd_start}) is cut short")
         d = parse_directory(cd, cd_start, version, self.max_directory)
+        self._root = (d.modes()[1], version.uid, version.gid)
+        if self._seen is _UNSEEN:
+            self._seen = _state(version)
         d.tail, d.tail_start = tail, tail_start  # (entries in it are read from it: a small archive costs one request)
         if d.skipped and first_time(f"{self.display}: skipped {d.skipped[0]}"):
             log.warning("%s: entries not shown (names that are not relative paths): %s", self.display,
@@ -544,12 +555,45 @@ class ZipStore(Store):
 
     def root_mode(self) -> tuple[int | None, int | None, int | None]:
         """(mode, uid, gid) of the root directory: the archive's (as `LocalStore.root_mode`),
-        once its central directory was read; None where unknown (remote archives)."""
-        d = self._dir
-        return (None, None, None) if d is None else (d.modes()[1], d.version.uid, d.version.gid)
+        once its central directory was read (closed once its path names nothing: moved into a
+        closed directory, say); None where unknown (remote archives)."""
+        mode, uid, gid = self._root
+        return (0, uid, gid) if self._gone else (mode, uid, gid)
+
+    async def directories_changed(self) -> bool:
+        """A local archive's permission watch (`LocalStore.directories_changed` for the
+        directories above it, and a stat of the archive): whether a directory above it, or the
+        archive's own bits, owner or identity changed, or it is gone (or back), since its
+        central directory was read. Before, a mount or `zvfs serve` of an archive moved into
+        a 0700 directory, or narrowed to 0600, stayed readable to others (an outside
+        attacker). Nothing for remote archives (no bits)."""
+        inner = self.inner
+        if not isinstance(inner, LocalStore):
+            return False
+        changed = await inner.directories_changed()
+        now = await inner.current(self.key)
+        # (against the last look, not the central directory: a read that meets the new
+        # version reads that again first, and the change went unseen)
+        seen, self._seen = self._seen, _state(now)
+        self._gone = now is None
+        return changed or seen != self._seen
+
+    def forget_directories(self) -> None:
+        """`zvfs refresh`: the directories above read again (the archive's bits: `forget_versions`)."""
+        forget = getattr(self.inner, "forget_directories", None)
+        if forget is not None:
+            forget()
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+_UNSEEN = object()
+
+
+def _state(v: Version | None) -> tuple | None:
+    """What the permission watch compares of an archive: its identity, times, size and bits."""
+    return None if v is None else (v.tag, v.size, v.mode, v.uid, v.gid)
 
 
 async def zip_headed(store: Store) -> bool:
