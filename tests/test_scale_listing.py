@@ -101,6 +101,44 @@ def test_a_huge_pass_through_directory_stays_inside_the_memory_budget(tmp_path):
         assert grown < 64, f"the daemon grew by {grown} MiB listing {n} entries"
 
 
+def test_open_directory_handles_share_the_memory_budget(tmp_path):
+    """Directories shown as stored, each listing ~6 MB (20,000 names of 227 characters), held
+    open at once (a scandir iterator each, its first entries read) with memory=64M: the
+    listings held by open handles share one budget, so the daemon grows by less than the
+    budget and the handles past it are EIO (an outside attacker: 12 handles of 50,000 long
+    names held 340 MB); alone, each lists whole."""
+    import errno
+
+    src = tmp_path / "store.zarr"
+    zarr.create_group(str(src))
+    dirs, n = 8, 20_000
+    for d in range(dirs):
+        (src / f"d{d}").mkdir()
+        for i in range(n):
+            (src / f"d{d}" / f"{'x' * 220}-{i:06d}").touch()
+    with zvfs_mount(src, tmp_path / "mnt", options=["memory=64M"]) as mnt:
+        os.listdir(mnt)
+        before = _daemon_rss_kib(mnt)
+        held, refused = [], 0
+        for d in range(dirs):
+            it = os.scandir(mnt / f"d{d}")
+            try:
+                next(it)
+                held.append(it)
+            except OSError as e:
+                assert e.errno == errno.EIO, e
+                refused += 1
+                it.close()
+        grown = (_daemon_rss_kib(mnt) - before) >> 10
+        print(f"{len(held)} directory handles held, {refused} refused: the daemon grew by {grown} MiB")
+        for it in held:
+            it.close()
+        assert grown < 48, f"the daemon grew by {grown} MiB with {len(held)} directory handles open"
+        assert held and refused, (len(held), refused)
+        for d in range(dirs):
+            assert len(os.listdir(mnt / f"d{d}")) == n
+
+
 def test_n5_view_of_large_shards_reads_each_index_once(tmp_path):
     """Two shards of 20,480 chunks (zarr-python) in the N5 view: its paths fix the trailing
     axes, so each of the 1,024 leaf directories holds chunks of both shards. `find` over the

@@ -29,7 +29,7 @@ from typing import Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
-from ..errors import Gone, ShardChanged, Stale
+from ..errors import Gone, ShardChanged, Stale, StorageError
 from ..formats.chunkref import ChunkRef
 from ..formats.codecs import decode_step
 from ..storage.base import Entries, Entry, Store, Version
@@ -608,15 +608,60 @@ class Listing:
                      stamp.uid, stamp.gid, self.token(i))
 
 
+class ListingTooLarge(StorageError):
+    """A directory whose listing does not fit the budget of the listings of open directories
+    (for a chunk directory: even as a bare record of which positions hold a chunk): EIO for
+    the listing (lookups by name still work), one log line naming the option to raise."""
+
+
+class RowsBudget:
+    """The bytes the listings held by open directory handles take, all together (`ChunkRows`
+    of chunk directories, `ListingRows` of directories shown as stored): at most the listings
+    cache's size, the index share of the `memory` budget that is not shard indexes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.used = 0
+
+    def take(self, nbytes: int) -> bool:
+        """Reserve `nbytes` more (a negative number gives back); False, and nothing taken,
+        when that would pass the budget."""
+        if nbytes > 0 and self.used + nbytes > self.max_bytes:
+            return False
+        self.used += nbytes
+        return True
+
+
 class ListingRows(Rows):
     """The rows of a store directory's listing, made a window at a time when the kernel asks
     (a directory of 200,000 files would otherwise hold a dozen Python objects per entry for as
-    long as it is open: 118 MiB, measured)."""
+    long as it is open: 118 MiB, measured). The listing is held for as long as its directory
+    handle is open, whatever its cache does, so it counts in the tree's `RowsBudget`: one
+    larger than the whole budget only alone (as the cache keeps one), and a listing that does
+    not fit beside the others held is ListingTooLarge (an outside attacker's 12 handles on
+    directories of 50,000 long names held 340 MB under `memory=64M`)."""
 
-    def __init__(self, listing: Listing, start: int):
+    def __init__(self, listing: Listing, start: int, budget: RowsBudget, where: str):
         self.listing = listing
         self.start = start
         self.names = listing.names
+        self.held = listing.nbytes
+        self.budget = budget
+        if not budget.take(self.held):
+            if budget.used:
+                held, self.held = self.held, 0
+                raise ListingTooLarge(
+                    f"{where}: listing this directory ({len(listing.names)} entries, {held >> 10} KiB) would take more than "
+                    f"the {budget.max_bytes >> 10} KiB that the listings of open directories may hold ({budget.used >> 10} KiB "
+                    "held by other open directories); raise -o memory= (or index_cache=)")
+            budget.used += self.held  # (alone: kept, as the listings cache keeps one)
+
+    def __del__(self) -> None:
+        try:
+            self.budget.take(-self.held)
+            self.held = 0
+        except Exception:  # noqa: BLE001 - (interpreter shutdown)
+            pass
 
     def window(self, start: int, stop: int) -> tuple[list, list, list, list, list, list]:
         li = self.listing
@@ -694,7 +739,9 @@ class StoreDir:
 
     async def rows(self) -> Rows:
         listing = await self.listing()
-        return Rows.empty() if listing is None else ListingRows(listing, self.start)
+        if listing is None:
+            return Rows.empty()
+        return ListingRows(listing, self.start, self.tree.rows_budget, f"{self.store.display}/{self.prefix}")
 
 
 class PassDir(Dir):
@@ -726,6 +773,8 @@ class Tree:
 
     def __init__(self, listings: CoalescingCache | None = None) -> None:
         self.listings = listings or CoalescingCache(16 << 20, keep_oversized=True)
+        #: what the listings held by open directory handles may take (`RowsBudget`)
+        self.rows_budget = RowsBudget(max(1 << 20, self.listings.max_bytes))
         self._store_dirs: dict[tuple[int, str], StoreDir] = {}
         self._nodes: dict[int, Node] = {}
         self._keys: dict[Hashable, int] = {}

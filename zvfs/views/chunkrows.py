@@ -18,15 +18,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
 import numpy as np
 
-from ..errors import StorageError
 from ..formats.array import distinct
-from ..tree.nodes import File, Rows, Stamp, Tree, stamp_of
+from ..tree.nodes import File, ListingTooLarge, Rows, Stamp, stamp_of
 
 if TYPE_CHECKING:
     from .chunks import ChunkSpace
@@ -80,41 +78,6 @@ def matching_rows(coords: np.ndarray, fixed: dict[int, int]) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- listings for the kernel
-
-
-class ListingTooLarge(StorageError):
-    """A chunk directory whose listing does not fit the listing budget even as a bare record of
-    which positions hold a chunk: EIO for the listing (lookups by name still work), one log
-    line naming the option to raise."""
-
-
-class RowsBudget:
-    """The bytes the listings of open chunk directories (`ChunkRows`, held per open directory
-    handle) take, all together: at most the listings cache's size, the index share of the
-    `memory` budget that is not shard indexes."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.used = 0
-
-    def take(self, nbytes: int) -> bool:
-        """Reserve `nbytes` more (a negative number gives back); False, and nothing taken,
-        when that would pass the budget."""
-        if nbytes > 0 and self.used + nbytes > self.max_bytes:
-            return False
-        self.used += nbytes
-        return True
-
-
-_BUDGETS: "weakref.WeakKeyDictionary[Tree, RowsBudget]" = weakref.WeakKeyDictionary()
-
-
-def rows_budget(tree: Tree) -> RowsBudget:
-    """The one RowsBudget of a tree (a mounted view)."""
-    found = _BUDGETS.get(tree)
-    if found is None:
-        found = _BUDGETS[tree] = RowsBudget(max(1 << 20, tree.listings.max_bytes))
-    return found
 
 
 #: bytes counted per segment and per kept table besides their arrays (the Python objects)
@@ -357,7 +320,7 @@ class ChunkRows(Rows):
         self.starts = np.zeros(1, np.int64)
         self.made: Rows | None = None  # a small listing's rows, made at once (instead of segments)
         self.extra = Rows.empty()
-        self.budget = rows_budget(space.tree)
+        self.budget = space.tree.rows_budget
         self.held = 0
 
     # -- the budget
