@@ -485,6 +485,50 @@ def test_listings_served_at_once_stay_in_the_budget(tmp_path):
     assert peak < 256 << 20, f"server peak RSS {peak >> 20} MiB"
 
 
+HOLDER = r"""
+import errno, os, resource, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+paths, fds, refused = sys.argv[1:], [], None
+while len(fds) < min(hard - 64, 20000):
+    try:
+        fds.append(os.open(paths[len(fds) % len(paths)], os.O_RDONLY))
+    except OSError as e:
+        refused = e.errno
+        break
+print(len(fds), refused, flush=True)
+sys.stdin.read()  # (held until told)
+"""
+
+
+def test_open_file_handles_are_bounded_by_the_budget(store, tmp_path):
+    """A process opens chunk files until refused, holding them all: under memory=64M the mount
+    refuses opens past its handle budget with ENFILE (each handle costs the daemon about 0.5
+    KiB: an outside attacker's 570,000 took it to 287 MiB), well after 16,384, with the daemon's
+    peak RSS under the bound; once they close, opens work again."""
+    root, data = store
+    with zvfs_mount(root, tmp_path / "mnt", options=[BUDGET]) as mnt:
+        files = sorted(str(p) for p in (mnt / "a" / "c").rglob("*") if p.is_file())
+        holders, held, refused = [], 0, "None"
+        try:
+            while refused == "None" and len(holders) < 4:  # (processes of at most 20,000 descriptors each)
+                holders.append(subprocess.Popen([sys.executable, "-c", HOLDER, *files], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                line = holders[-1].stdout.readline().split()  # type: ignore[union-attr]
+                if len(line) != 2:
+                    raise AssertionError(holders[-1].communicate("", timeout=120)[1])
+                held, refused = held + int(line[0]), line[1]
+            peak = vm_hwm(daemon_pid(mnt))
+        finally:
+            for h in holders:
+                if h.poll() is None:
+                    h.communicate("", timeout=120)
+        print(f"\n{held} handles held, then {refused}: daemon peak RSS {peak >> 20} MiB")
+        assert refused == str(errno.ENFILE) and held >= 16384, (held, refused)
+        assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+        assert (mnt / "a/c/1/2").read_bytes() == chunk(data, 1, 2)
+
+
 def test_many_metadata_files_within_the_limit_each_are_bounded_together(tmp_path):
     """Issue 22 (6): 300 arrays whose zarr.json each hold a 3.5 MB attribute, every one within
     max_metadata, took the daemon to 1,062 MiB at the mount and 2,081 MiB once read. Their sum

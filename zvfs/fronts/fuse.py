@@ -74,6 +74,14 @@ def kernel_table(opts) -> int:
     """Inodes whose kernel state a mount keeps track of: a fifth of the index cache's bytes at
     ~200 bytes each (5,000 under memory=64M, 40,000 at the default 256M)."""
     return max(4096, min(KERNEL_KEPT, opts.index_cache // 1000))
+def open_handles(opts) -> int:
+    """Open file handles a mount serves at once: each costs the daemon about 0.5 KiB (an
+    outside attacker's 30 processes holding 570,000 took it to 287 MiB under memory=64M), so
+    at most an eighth of the budget's worth (32,768 under memory=64M, 131,072 at the default
+    256M); past that an open is ENFILE, with one log line."""
+    return max(1024, opts.memory >> 11)
+
+
 #: listing rows made at once for readdir requests (the kernel asks for a page of entries at a
 #: time, ~25 of them: a window, kept with the directory handle, serves dozens of requests)
 READDIR_WINDOW = 1024
@@ -190,9 +198,10 @@ async def _nothing() -> None:
 class ZvfsOperations(pyfuse3.Operations):
     def __init__(self, tree: Tree, shown: Shown | None = None, stats: Callable[[], dict] = dict,
                  refresh: Callable[[], Awaitable[None]] | None = None, push_ahead: int = 0, kernel_kept: int = KERNEL_KEPT,
-                 kernel_checks: bool = False):
+                 kernel_checks: bool = False, max_handles: int = 1 << 17):
         super().__init__()
         self.tree = tree
+        self.max_handles = max_handles  # open file handles served at once (`open_handles`)
         #: the kernel checks each access against the bits it holds (default_permissions: with
         #: allow_other or allow_root); an open that finds another version checks them again
         self.kernel_checks = kernel_checks
@@ -402,6 +411,11 @@ class ZvfsOperations(pyfuse3.Operations):
         that version (fuse_kernel.py)."""
         if flags & _WRITING:
             raise pyfuse3.FUSEError(errno.EROFS)
+        if len(self._open) >= self.max_handles:
+            if first_time("open handles"):
+                log.error("%d files open through the mount: more opens are refused (ENFILE) until some close; "
+                          "raise -o memory= to allow more", len(self._open))
+            raise pyfuse3.FUSEError(errno.ENFILE)
         alias = None
         try:
             node = self.tree.known(inode)

@@ -27,7 +27,7 @@ from ..options import MountOptions
 from ..storage import leases
 from ..storage.urls import redact
 from . import fuse_loop
-from .fuse import ZvfsOperations, kernel_table
+from .fuse import ZvfsOperations, kernel_table, open_handles
 from .mounting import READY_FD_ENV, check_mountpoint, shown
 
 log = logging.getLogger("zvfs")
@@ -122,7 +122,8 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
 
             ops = ZvfsOperations(opened.tree, shown_as, opened.stats, refresh,
                                  push_ahead=opts.readahead if opened.local else 0,
-                                 kernel_kept=kernel_table(opts), kernel_checks=opts.allow_other or opts.allow_root)
+                                 kernel_kept=kernel_table(opts), kernel_checks=opts.allow_other or opts.allow_root,
+                                 max_handles=open_handles(opts))
             pyfuse3.init(ops, mountpoint, _fuse_options(source, opts))
             mounted = True
             log.info("mounted %s on %s (%s view)", opened.store.display, mountpoint, opened.view)
