@@ -131,11 +131,22 @@ def test_ranges_random(served):
         assert int(headers["content-length"]) == stop - start
 
 
-@pytest.mark.parametrize("spec", ["bytes=0-1,5-9", "bytes=abc", "bytes=9-2", "items=0-4", "bytes="])
+@pytest.mark.parametrize("spec", ["bytes=0-1,5-9", "bytes=abc", "bytes=9-2", "items=0-4", "bytes=",
+                                  "bytes=1_0-20", "bytes=+1-4", "bytes=-+4", "bytes=١-٤"])
 def test_ranges_that_get_the_whole_file(served, spec):
+    """Ranges that do not parse as RFC 9110's digits get the whole file (`int` alone took
+    `1_0` as 10: an outside attacker)."""
     server, _, data = served
-    status, _, body = _get(server, "/img/c/0/0", {"Range": spec})
+    status, _, body = _get(server, "/img/c/0/0", {"Range": spec.encode().decode("latin-1")})
     assert status == 200 and body == _chunk(data, 0, 0)
+
+
+def test_a_file_named_as_a_directory_is_not_found(served):
+    """`/img/zarr.json/`: 404, as a filesystem says ENOTDIR (before: the file, 200)."""
+    server, _, _ = served
+    assert _get(server, "/img/zarr.json")[0] == 200
+    assert _get(server, "/img/zarr.json/")[0] == 404
+    assert _get(server, "/img/c/0/0/")[0] == 404
 
 
 def test_validators(served):

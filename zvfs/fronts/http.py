@@ -85,8 +85,8 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None | bool:
     if unit.strip().lower() != "bytes" or "," in spec:
         return None
     first, dash, last = spec.strip().partition("-")
-    if not dash:
-        return None
+    if not dash or not all(part.isascii() and (part.isdigit() or not part) for part in (first, last)):
+        return None  # (digits only: `int` also takes `1_0`, `+5` and spaces)
     try:
         if not first:  # the last N bytes
             n = int(last)
@@ -169,6 +169,8 @@ class App:
             node = await self.paths.resolve(path)
             if node.is_dir:
                 return await self._listing(send, path, headers, query, cors, head)
+            if path.endswith("/"):  # (a file named as a directory: ENOTDIR on a filesystem)
+                return await self._plain(send, 404, "not a directory", cors, head=head)
             opened = await self.paths.open_node(node, path)  # type: ignore[arg-type]
         except Exception as e:  # noqa: BLE001 - every failure is an answer, never a dead server
             return await self._failure(send, e, path, cors)
