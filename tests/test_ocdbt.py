@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -253,6 +254,62 @@ def test_nothing_is_shown_wider_than_the_database(dbs, public_tmp, reader):
             assert (r.returncode != 0) == closed, r.stderr
             if not closed:
                 assert r.stdout == (m / "s0" / name).read_bytes()
+
+
+def test_a_database_narrowed_or_moved_while_mounted_is_followed(dbs, public_tmp, reader):
+    """A tensorstore database, its files 0644 in 0755 directories, mounted with allow_other;
+    then in random order: only its data files narrowed to 0600 (the manifest and `d/` open),
+    `d/` closed, its directory closed, the database moved into a 0700 directory; each undone.
+    Within a few seconds the reader reads nothing, then everything again. Before, the data
+    files' own bits were not shown at all, and nothing was followed while mounted (an outside
+    attacker, the mount and `zvfs serve`)."""
+    top, priv = public_tmp / "top", public_tmp / "priv"
+    top.mkdir()
+    priv.mkdir()
+    top.chmod(0o755)
+    priv.chmod(0o700)
+    db = top / "db"
+    shutil.copytree(dbs["root"] / "precomputed", db)
+    for p in [db, *db.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    data_files = [p for p in (db / "d").iterdir() if p.is_file()]
+    assert data_files
+    changes = {
+        "data files narrowed": (lambda: [p.chmod(0o600) for p in data_files], lambda: [p.chmod(0o644) for p in data_files]),
+        "d/ closed": (lambda: (db / "d").chmod(0o700), lambda: (db / "d").chmod(0o755)),
+        "its directory closed": (lambda: top.chmod(0o700), lambda: top.chmod(0o755)),
+        "moved": (lambda: db.rename(priv / "db"), lambda: (priv / "db").rename(db)),
+    }
+    mnt = public_tmp / "mnt"
+    mnt.mkdir()
+    mnt.chmod(0o755)
+
+    def reader_reads(m: Path, name: str) -> bool:
+        r = as_reader("cat", m / "s0" / name)
+        if r.returncode == 0:
+            assert r.stdout == (m / "s0" / name).read_bytes()
+        return r.returncode == 0
+
+    def settle(m: Path, name: str, want: bool, what: str) -> None:
+        end = time.monotonic() + 6
+        while reader_reads(m, name) != want:
+            assert time.monotonic() < end, f"{what}: the reader {'cannot' if want else 'still'} read(s) {name}"
+            time.sleep(0.3)
+
+    with zvfs_mount(db, mnt, options=("allow_other",)) as m:
+        name = sorted(os.listdir(m / "s0"))[0]
+        assert reader_reads(m, name)
+        for what in random.sample(sorted(changes), len(changes)):
+            away, back = changes[what]
+            away()
+            settle(m, name, False, what)
+            back()
+            settle(m, name, True, f"{what}, undone")
+        # (mounted already narrowed: only the data files 0600)
+    for p in data_files:
+        p.chmod(0o600)
+    with zvfs_mount(db, mnt, options=("allow_other",)) as m:
+        assert not reader_reads(m, sorted(os.listdir(m / "s0"))[0])
 
 
 # ------------------------------------------------------------------------------ over HTTP

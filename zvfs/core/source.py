@@ -23,7 +23,6 @@ from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.gather import gather
 from ..storage.local import LocalStore
 from ..storage.open import open_store, open_zip
-from ..storage.zipstore import ZipStore
 from ..tree.nodes import Stamp, Tree
 from .kinds import KINDS, RECOGNISED, Kind, Opened, StoreKind, View, detect, dress, show
 
@@ -128,9 +127,9 @@ class OpenSource:
         if isinstance(self.store, LocalStore):  # (where directories have permissions: no request per directory elsewhere)
             self.store.forget_directories()
             await self.refresh_directories()
-        elif isinstance(self.store, ZipStore):
+        elif hasattr(self.store, "forget_directories"):  # (an archive or a database over a local store: their own bits)
             self.store.forget_directories()
-            with trio.move_on_after(self.store.patience):  # (its bits are its archive's, read with its central directory)
+            with trio.move_on_after(self.store.patience):  # (an archive's bits are read with its central directory)
                 try:
                     await self.store.list("")
                 except ZvfsError as e:
@@ -163,7 +162,7 @@ class OpenSource:
         counted (150 ms for that store's 621 directories shown: counted, it put the next check
         3 s later, and an outside attacker's change right after a change was seen after 3-5 s)."""
         store = self.store
-        if not isinstance(store, (LocalStore, ZipStore)):
+        if not hasattr(store, "directories_changed"):  # (local stores, and archives and databases in them)
             return
         while True:
             began = time.monotonic()

@@ -25,6 +25,7 @@ from bisect import bisect_left
 from ..errors import CorruptShardError, MetadataError, ShardChanged
 from .base import Entry, Store, Version
 from .cache import ENTRY_COST, CoalescingCache
+from .local import LocalStore
 from .ocdbt_format import (BtreeNode, FormatError, Generation, Manifest, Ref, TooLarge, VersionNode, VersionNodeRef, decode_btree_node,
                            decode_manifest, decode_version_node)
 
@@ -70,6 +71,26 @@ class OcdbtStore(Store):
 
     def root_mode(self) -> tuple[int, int | None, int | None] | None:
         return self._root
+
+    async def directories_changed(self) -> bool:
+        """A local database's permission watch: the directories above and in it (the inner
+        local store's watch), and the bits `_stamp` folds (its root, manifest, `d/` and data
+        files: one listing of `d/` a look), read again; whether they changed. Before, a
+        database moved into a 0700 directory, or its `d/` closed, stayed readable to others
+        through the mount and `zvfs serve` (an outside attacker). Nothing for remote ones."""
+        if not isinstance(self.inner, LocalStore):
+            return False
+        changed = await self.inner.directories_changed()
+        stamp = await _stamp(self.inner)
+        if stamp != self._root:
+            self._root = stamp
+            return True
+        return changed
+
+    def forget_directories(self) -> None:
+        """`zvfs refresh`: the directories below read again (the bits: at the watch's next look)."""
+        if isinstance(self.inner, LocalStore):
+            self.inner.forget_directories()
 
     # -- the B+tree
 
@@ -320,18 +341,28 @@ async def open_ocdbt(store: Store, version: str | None, cache_bytes: int) -> Ocd
 
 async def _stamp(store: Store) -> tuple[int, int | None, int | None] | None:
     """The bits, owner and group the database's keys show (None: the store below has none,
-    remote): the root directory's, less the read bits a reader lacks on `manifest.ocdbt` or the
-    `d` directory (every key is read through them), so that nothing is shown wider than the
-    store (docs/reliability.md, Permissions)."""
+    remote): the root directory's, less the read bits a reader lacks on `manifest.ocdbt`, the
+    `d` directory or any data file in it (a key's value may be in any of them, and which one is
+    not known without its B+tree path), so that nothing is shown wider than the store
+    (docs/reliability.md, Permissions; an outside attacker read every chunk of a database whose
+    data files were 0600)."""
     root = await store.info("")
     if root is None or root.mode is None:
         return None
     mode = root.mode
+
+    def narrow(bits: int) -> None:
+        nonlocal mode
+        read = bits & 0o444
+        mode &= read | (read >> 2)  # a read bit missing closes the directories to that reader too
+
     for key in (MANIFEST, "d"):
         entry = await store.info(key)
         if entry is not None and entry.mode is not None:
-            read = entry.mode & 0o444
-            mode &= read | (read >> 2)  # a read bit missing closes the directories to that reader too
+            narrow(entry.mode)
+    for entry in await store.list("d") or ():
+        if not entry.is_dir and entry.mode is not None:
+            narrow(entry.mode)
     return mode, root.uid, root.gid
 
 
