@@ -46,8 +46,9 @@ async def test_waiting_requests_are_read_without_a_round_each_but_other_tasks_st
     finally:
         os.close(r)
         os.close(w)
-    # one round in RUN + 1 waits: fewer rounds than waits, and never none
-    assert waits // (fuse_loop.RUN + 1) <= got < waits // 2
+    # one round in RUN + 1 waits: fewer rounds than waits, and never none (the last one may
+    # come after the waits end: one fewer, seen once in CI)
+    assert waits // (fuse_loop.RUN + 1) - 1 <= got < waits // 2
 
 
 async def test_a_descriptor_with_nothing_waiting_is_waited_for(loop):

@@ -741,6 +741,7 @@ class LocalStore(Store):
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
         self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
         self._looked: int | None = None  # the `generation` of the last look (`directories_changed`)
+        self._mounts_looked: int | None = None  # the mount table's `version` then
         self._shown: set[str] = set()  # real paths of the directories the views show (`info`)
 
     def _root_is_here(self) -> bool:
@@ -770,9 +771,10 @@ class LocalStore(Store):
         gone or replaced (or back) is a change (`_root_is_here`). (2,421 directories: an
         outside attacker measured the idle daemon at 4-5% of a core with a getxattr each, and
         3-6% with an lstat each; with inotify an idle look stats nothing.)"""
-        now = self.generation
-        if now == self._looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
+        now, mounts = self.generation, self._mounts.version()
+        if now == self._looked and mounts == self._mounts_looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
             return False
+        remount = mounts != self._mounts_looked  # (a mount over a directory hides the inode watched)
         gone = [p for p in self._shown if p not in self._facts]  # (compared: back, they are a change)
         paths = (*self._above_paths, *self._facts, *gone)
         known = (*self._above, *self._facts.values(), *(CLOSED for _ in gone))
@@ -783,6 +785,8 @@ class LocalStore(Store):
         unwatched = self._mounts.stalling_points()
 
         def changed() -> bool:
+            if remount:  # every directory compared, and watched again
+                self._watch.close()
             compare = self._watch.to_compare(paths, unwatched)
             if self._root_is_here() != self._root_here:
                 return True
@@ -806,7 +810,7 @@ class LocalStore(Store):
             return False
 
         found = await self._in_thread(self._lexical_mount(""), changed)
-        self._looked = now
+        self._looked, self._mounts_looked = now, mounts
         return found
 
     def known_dir(self, key: str) -> tuple[int, int, int] | None:

@@ -41,6 +41,7 @@ class MountTable:
         self._poll.register(self._fd, select.POLLPRI)
         self._types: dict[str, str] = {}  # mount point -> filesystem type of the visible mount
         self._memo: dict[str, tuple[str, str]] = {}
+        self.loads = 0  # times the table was read (`version`)
         self._load()
 
     def _load(self) -> None:
@@ -56,6 +57,14 @@ class MountTable:
                 types[re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])] = tail.split()[0]
         self._types = types
         self._memo = {}
+        self.loads += 1
+
+    def version(self) -> int:
+        """A number that changes whenever the table does (a mount or unmount anywhere: a bind
+        mount over a store's directory sends no inotify event, storage/dirwatch.py)."""
+        if self._poll.poll(0):
+            self._load()
+        return self.loads
 
     def mount_of(self, path: str) -> tuple[str, str]:
         """(mount point, filesystem type) of the deepest mount containing `path`, an absolute
