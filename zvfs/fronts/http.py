@@ -288,38 +288,64 @@ class App:
             return await self._listing_now(send, path, headers, query, cors, head)
 
     async def _listing_now(self, send, path: str, headers: dict, query: dict, cors: list, head: bool) -> int:
+        """The listing as JSON or HTML, streamed a page of entries at a time (`listdir_pages`:
+        one page sorted whole, more in the tree's order); one page is sent with its length."""
+        pages = self.paths.listdir_pages(path)
         try:
-            entries = await self.paths.listdir(path)
+            first = await pages.__anext__()
         except Exception as e:  # noqa: BLE001
+            await pages.aclose()
             return await self._failure(send, e, path, cors)
         shown = "/" + "/".join(p for p in path.split("/") if p)
         fmt = (query.get("format") or [""])[0]
-        if fmt == "html" or not fmt and "application/json" not in headers.get("accept", ""):
-            body, kind = self._html(shown, entries), "text/html; charset=utf-8"
-        else:
-            body = json.dumps({"path": shown, "entries": [
-                {"name": e.name, "type": "directory" if e.is_dir else "file", "size": e.size,
-                 "mtime": _http_date(e.mtime_ns), "mode": f"{e.mode:04o}"} for e in entries]}).encode()
-            kind = "application/json"
-        await self._start(send, 200, [("content-type", kind), ("content-length", str(len(body))),
-                                      ("cache-control", "no-cache"), *cors])
-        await send({"type": "http.response.body", "body": b"" if head else body})
-        return 200
+        as_html = fmt == "html" or not fmt and "application/json" not in headers.get("accept", "")
+        kind = "text/html; charset=utf-8" if as_html else "application/json"
+        top, tail = self._html_ends(shown) if as_html else (f'{{"path": {json.dumps(shown)}, "entries": ['.encode(), b"]}")
+        render = self._html_rows if as_html else self._json_rows
+        try:
+            body = render(shown, first)
+            more = await anext(pages, None)
+            if more is None:  # one page: sent whole, with its length
+                whole = top + body + tail
+                await self._start(send, 200, [("content-type", kind), ("content-length", str(len(whole))),
+                                              ("cache-control", "no-cache"), *cors])
+                await send({"type": "http.response.body", "body": b"" if head else whole})
+                return 200
+            await self._start(send, 200, [("content-type", kind), ("cache-control", "no-cache"), *cors])
+            if head:
+                await send({"type": "http.response.body", "body": b""})
+                return 200
+            sep = b"\n" if as_html else b", "
+            await send({"type": "http.response.body", "body": top + body, "more_body": True})
+            while more is not None:
+                await send({"type": "http.response.body", "body": sep + render(shown, more), "more_body": True})
+                more = await anext(pages, None)
+            await send({"type": "http.response.body", "body": tail})
+            return 200
+        finally:
+            await pages.aclose()
 
     @staticmethod
-    def _html(shown: str, entries: list[Stat]) -> bytes:
-        base = shown.rstrip("/")
-        rows = []
-        if shown != "/":
-            rows.append(f'<li><a href="{html.escape(urllib.parse.quote(base.rsplit("/", 1)[0] or "/"))}">../</a></li>')
+    def _json_rows(shown: str, entries: list[Stat]) -> bytes:
+        return ", ".join(json.dumps({"name": e.name, "type": "directory" if e.is_dir else "file", "size": e.size,
+                                     "mtime": _http_date(e.mtime_ns), "mode": f"{e.mode:04o}"}) for e in entries).encode()
+
+    @staticmethod
+    def _html_ends(shown: str) -> tuple[bytes, bytes]:
+        base, title = shown.rstrip("/"), html.escape(shown)
+        up = "" if shown == "/" else f'<li><a href="{html.escape(urllib.parse.quote(base.rsplit("/", 1)[0] or "/"))}">../</a></li>\n'
+        return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+                f"<body><h1>{title}</h1>\n<ul>\n{up}").encode(), b"\n</ul></body></html>\n"
+
+    @staticmethod
+    def _html_rows(shown: str, entries: list[Stat]) -> bytes:
+        base, rows = shown.rstrip("/"), []
         for e in entries:
             name = e.name + ("/" if e.is_dir else "")
             href = urllib.parse.quote(f"{base}/{e.name}")
             size = "" if e.is_dir or e.size is None else f" ({e.size:,} bytes)"
             rows.append(f'<li><a href="{html.escape(href)}">{html.escape(name)}</a>{size}</li>')
-        title = html.escape(shown)
-        return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
-                f"<body><h1>{title}</h1>\n<ul>\n" + "\n".join(rows) + "\n</ul></body></html>\n").encode()
+        return "\n".join(rows).encode()
 
     # -- the server's own endpoints
 
