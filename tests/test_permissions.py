@@ -937,6 +937,10 @@ def test_an_archive_moved_or_narrowed_while_mounted_is_followed(public_tmp, read
         "archive narrowed": (lambda: archive.chmod(0o600), lambda: archive.chmod(0o644)),
         "deleted": (lambda: shutil.copy(archive, priv / "keep.zip") and archive.unlink(),
                     lambda: shutil.copy(priv / "keep.zip", archive) and archive.chmod(0o644)),
+        # (a link leading outside the store is not followed: the archive's path opens nothing)
+        "replaced by a link into the closed directory": (lambda: _replace(archive, lambda new: (
+            shutil.copy(archive, priv / "linked.zip"), new.symlink_to(priv / "linked.zip"))),
+            lambda: _replace(archive, lambda new: (shutil.copy(priv / "linked.zip", new), new.chmod(0o644)))),
     }
 
     def all_readable():
@@ -961,6 +965,13 @@ def _bind_closed_copy(template: Path, copy: Path, over: Path) -> None:
     _put_array(template, copy)
     (copy / "c").chmod(0o700)
     subprocess.run(["mount", "--bind", str(copy), str(over)], check=True)
+
+
+def _replace(path: Path, make) -> None:
+    """`path` renamed over by what `make(new)` makes at a name beside it."""
+    new = path.with_name(path.name + ".new")
+    make(new)
+    os.replace(new, path)
 
 
 def _fail(message: str):

@@ -571,7 +571,10 @@ class ZipStore(Store):
         if not isinstance(inner, LocalStore):
             return False
         changed = await inner.directories_changed()
-        now = await inner.current(self.key)
+        try:
+            now = await inner.current(self.key)
+        except StorageError:  # (not a file the store opens now: a symlink leading outside, a FIFO)
+            now = None
         # (against the last look, not the central directory: a read that meets the new
         # version reads that again first, and the change went unseen)
         seen, self._seen = self._seen, _state(now)
