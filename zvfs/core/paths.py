@@ -162,11 +162,7 @@ class Paths:
 
     async def listdir(self, path: str) -> list[Stat]:
         """The directory's entries, sorted by name; sizes the listing does not know are None."""
-        rows = await self._rows(path)
-        names, _, dirs, sizes, stamps, _ = rows.window(0, len(rows))
-        # (rows come in the tree's order: a chunk directory's in grid order, `1.0` before `0.4`)
-        order = sorted(range(len(names)), key=names.__getitem__)
-        return [self._stat(names[i], dirs[i], sizes[i], stamps[i]) for i in order]
+        return self._sorted(await self._rows(path))
 
     async def listdir_pages(self, path: str, page: int = 4096):
         """`listdir` a page at a time, for answers streamed as they are made: a directory of at
@@ -176,13 +172,17 @@ class Paths:
         server to 245 MB under memory=64M: an outside attacker). Errors come with the first page."""
         rows = await self._rows(path)
         if len(rows) <= page:
-            names, _, dirs, sizes, stamps, _ = rows.window(0, len(rows))
-            order = sorted(range(len(names)), key=names.__getitem__)
-            yield [self._stat(names[i], dirs[i], sizes[i], stamps[i]) for i in order]
+            yield self._sorted(rows)
             return
         for start in range(0, len(rows), page):
             names, _, dirs, sizes, stamps, _ = rows.window(start, min(start + page, len(rows)))
             yield [self._stat(*entry) for entry in zip(names, dirs, sizes, stamps)]
+
+    def _sorted(self, rows) -> list[Stat]:
+        names, _, dirs, sizes, stamps, _ = rows.window(0, len(rows))
+        # (rows come in the tree's order: a chunk directory's in grid order, `1.0` before `0.4`)
+        order = sorted(range(len(names)), key=names.__getitem__)
+        return [self._stat(names[i], dirs[i], sizes[i], stamps[i]) for i in order]
 
     async def _rows(self, path: str):
         node = await self.resolve(path)

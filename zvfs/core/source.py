@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from ..errors import MetadataError, ZvfsError
+from ..errors import MetadataError
 from ..formats.array import Hierarchy
 from ..formats.jsonfile import read_metadata
 from ..options import MountOptions, resolve_caches, storage_options
@@ -124,16 +124,13 @@ class OpenSource:
             getattr(layer, "forget_versions", lambda: None)()
             layer = getattr(layer, "inner", None)
         self.tree.forget_listings()
-        if isinstance(self.store, LocalStore):  # (where directories have permissions: no request per directory elsewhere)
-            self.store.forget_directories()
+        # (where directories have permissions: local stores, and archives and databases in them;
+        # no request per directory elsewhere)
+        forget = getattr(self.store, "forget_directories", None)
+        if forget is not None:
+            forget()
+        if isinstance(self.store, LocalStore):
             await self.refresh_directories()
-        elif hasattr(self.store, "forget_directories"):  # (an archive or a database over a local store: their own bits)
-            self.store.forget_directories()
-            with trio.move_on_after(self.store.patience):  # (an archive's bits are read with its central directory)
-                try:
-                    await self.store.list("")
-                except ZvfsError as e:
-                    log.warning("%s: %s", self.store.display, e)
 
     async def refresh_directories(self) -> None:
         """The owner and bits of the directories the views show, read again (`refresh`);

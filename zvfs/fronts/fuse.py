@@ -74,6 +74,8 @@ def kernel_table(opts) -> int:
     """Inodes whose kernel state a mount keeps track of: a fifth of the index cache's bytes at
     ~200 bytes each (5,000 under memory=64M, 40,000 at the default 256M)."""
     return max(4096, min(KERNEL_KEPT, opts.index_cache // 1000))
+
+
 def open_handles(opts) -> int:
     """Open file handles a mount serves at once: each costs the daemon about 0.5 KiB (an
     outside attacker's 30 processes holding 570,000 took it to 287 MiB under memory=64M), so

@@ -292,7 +292,7 @@ class App:
         one page sorted whole, more in the tree's order); one page is sent with its length."""
         pages = self.paths.listdir_pages(path)
         try:
-            first = await pages.__anext__()
+            first = await anext(pages)
         except Exception as e:  # noqa: BLE001
             await pages.aclose()
             return await self._failure(send, e, path, cors)

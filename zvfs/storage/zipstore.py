@@ -109,10 +109,7 @@ class Directory:
     def modes(self) -> tuple[int | None, int | None]:
         """The bits files and directories show: the archive's read bits (a local file's, as a
         reader sees them), and search bits where they are readable; None where unknown."""
-        if self.version.mode is None:
-            return None, None
-        read = self.version.mode & 0o444
-        return read, read | (read >> 2)
+        return _modes(self.version.mode)
 
     def list(self, prefix: str) -> Entries | None:
         """Names directly below `prefix`; directories are implied by names (and by entries
@@ -579,6 +576,8 @@ class ZipStore(Store):
         # version reads that again first, and the change went unseen)
         seen, self._seen = self._seen, _state(now)
         self._gone = now is None
+        if now is not None:  # (the bits the archive shows now, without reading it again)
+            self._root = (_modes(now.mode)[1], now.uid, now.gid)
         return changed or seen != self._seen
 
     def forget_directories(self) -> None:
@@ -592,6 +591,15 @@ class ZipStore(Store):
 
 
 _UNSEEN = object()
+
+
+def _modes(mode: int | None) -> tuple[int | None, int | None]:
+    """(files' bits, directories' bits) an archive of (reader's) bits `mode` shows: its read
+    bits, and search bits where they are readable; None where unknown."""
+    if mode is None:
+        return None, None
+    read = mode & 0o444
+    return read, read | (read >> 2)
 
 
 def _state(v: Version | None) -> tuple | None:

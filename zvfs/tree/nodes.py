@@ -632,7 +632,36 @@ class RowsBudget:
         return True
 
 
-class ListingRows(Rows):
+class HeldRows(Rows):
+    """Rows that hold bytes of their tree's `RowsBudget` for as long as they live (the
+    directory handle that listed them)."""
+
+    def __init__(self, budget: RowsBudget):
+        self.budget = budget
+        self.held = 0
+
+    def hold(self, nbytes: int, force: bool = False) -> bool:
+        """Hold `nbytes` in all (instead of what is held now); `force`: even past the budget."""
+        if self.budget.take(nbytes - self.held):
+            self.held = nbytes
+            return True
+        if force:
+            self.budget.used += nbytes - self.held
+            self.held = nbytes
+        return force
+
+    def release(self) -> None:
+        self.budget.take(-self.held)
+        self.held = 0
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - (interpreter shutdown)
+            pass
+
+
+class ListingRows(HeldRows):
     """The rows of a store directory's listing, made a window at a time when the kernel asks
     (a directory of 200,000 files would otherwise hold a dozen Python objects per entry for as
     long as it is open: 118 MiB, measured). The listing is held for as long as its directory
@@ -642,26 +671,15 @@ class ListingRows(Rows):
     directories of 50,000 long names held 340 MB under `memory=64M`)."""
 
     def __init__(self, listing: Listing, start: int, budget: RowsBudget, where: str):
+        super().__init__(budget)
         self.listing = listing
         self.start = start
         self.names = listing.names
-        self.held = listing.nbytes
-        self.budget = budget
-        if not budget.take(self.held):
-            if budget.used:
-                held, self.held = self.held, 0
-                raise ListingTooLarge(
-                    f"{where}: listing this directory ({len(listing.names)} entries, {held >> 10} KiB) would take more than "
-                    f"the {budget.max_bytes >> 10} KiB that the listings of open directories may hold ({budget.used >> 10} KiB "
-                    "held by other open directories); raise -o memory= (or index_cache=)")
-            budget.used += self.held  # (alone: kept, as the listings cache keeps one)
-
-    def __del__(self) -> None:
-        try:
-            self.budget.take(-self.held)
-            self.held = 0
-        except Exception:  # noqa: BLE001 - (interpreter shutdown)
-            pass
+        if not self.hold(listing.nbytes, force=not budget.used):
+            raise ListingTooLarge(
+                f"{where}: listing this directory ({len(listing.names)} entries, {listing.nbytes >> 10} KiB) would take more "
+                f"than the {budget.max_bytes >> 10} KiB that the listings of open directories may hold ({budget.used >> 10} "
+                "KiB held by other open directories); raise -o memory= (or index_cache=)")
 
     def window(self, start: int, stop: int) -> tuple[list, list, list, list, list, list]:
         li = self.listing

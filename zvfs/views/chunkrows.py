@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Hashable
 import numpy as np
 
 from ..formats.array import distinct
-from ..tree.nodes import File, ListingTooLarge, Rows, Stamp, stamp_of
+from ..tree.nodes import File, HeldRows, ListingTooLarge, Rows, Stamp, stamp_of
 
 if TYPE_CHECKING:
     from .chunks import ChunkSpace
@@ -291,7 +291,7 @@ class _Segment:
                 + _OBJECT_COST)
 
 
-class ChunkRows(Rows):
+class ChunkRows(HeldRows):
     """The rows of one chunk directory for the kernel, made a window at a time (`window`) from
     compact numpy data per segment (see the module docstring), plus a few rows added by the
     directory itself (`add`: metadata files). What it holds is counted in the tree's
@@ -320,30 +320,7 @@ class ChunkRows(Rows):
         self.starts = np.zeros(1, np.int64)
         self.made: Rows | None = None  # a small listing's rows, made at once (instead of segments)
         self.extra = Rows.empty()
-        self.budget = space.tree.rows_budget
-        self.held = 0
-
-    # -- the budget
-
-    def hold(self, nbytes: int, force: bool = False) -> bool:
-        """Hold `nbytes` in all (instead of what is held now)."""
-        if self.budget.take(nbytes - self.held):
-            self.held = nbytes
-            return True
-        if force:
-            self.budget.used += nbytes - self.held
-            self.held = nbytes
-        return force
-
-    def release(self) -> None:
-        self.budget.take(-self.held)
-        self.held = 0
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:  # (interpreter shutdown)
-            pass
+        super().__init__(space.tree.rows_budget)
 
     def where(self) -> str:
         parts = [self.space.where, *([self.space.layout.top] if self.nested and self.space.layout.top else []), *map(str, self.path)]
