@@ -99,6 +99,7 @@ def test_a_rewritten_shard_reads_as_the_new_data(tmp_path, how):
     before, after = _chunk_bytes(old), _chunk_bytes(new)
     with zvfs_mount(src, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
         assert (mnt / "c/1/1").read_bytes() == before["c/1/1"]  # the index is cached now
+        assert os.stat(mnt / "c/0/0").st_size == len(before["c/0/0"])  # (the kernel holds its attributes)
         held = open(mnt / "c/2/2", "rb")  # opened before the change, read after it
         try:
             (_put_in_place if how == "in_place" else _put_atomically)(shard, new_bytes)
@@ -111,6 +112,8 @@ def test_a_rewritten_shard_reads_as_the_new_data(tmp_path, how):
             held.close()
         got = _read_each(mnt)
         assert got == {k: after.get(k, errno.ENOENT) for k in got}, "a fresh open must see the new shard"
+        with pytest.raises(FileNotFoundError):  # the open found it gone: so does a stat by its path
+            os.stat(mnt / "c/0/0")
         np.testing.assert_array_equal(zarr.open_array(str(mnt))[...], new)
 
 

@@ -529,6 +529,74 @@ def test_open_file_handles_are_bounded_by_the_budget(store, tmp_path):
         assert (mnt / "a/c/1/2").read_bytes() == chunk(data, 1, 2)
 
 
+PINNER = r"""
+import errno, os, sys
+paths, fds, refused = sys.argv[1:], [], None
+for path in paths:
+    try:
+        fds.append(os.open(path, os.O_RDONLY))
+    except OSError as e:
+        refused = e.errno
+        break
+print(len(fds), refused, flush=True)
+sys.stdin.readline()  # (the test lowers the daemon's limit further meanwhile)
+got = []
+for fd in fds:
+    try:
+        got.append(os.pread(fd, 64, 0).hex())
+    except OSError as e:
+        got.append(str(e.errno))
+print(" ".join(got), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_opens_past_the_descriptor_limit_are_enfile_and_what_is_open_reads_on(tmp_path):
+    """Every open file pins its shard's descriptor (a shard replaced by rename keeps serving
+    it): an outside attacker holding one file of each of 20,000 shards ran the daemon out of
+    descriptors (RLIMIT_NOFILE) before the handle cap, and opens, then reads of files already
+    open, failed with EIO. With the daemon's limit lowered to 1024 (prlimit), a process
+    opening one chunk file of each of 1,500 shards (zarr-python) is refused with ENFILE once
+    most of the limit is held; every file it holds reads its chunk's bytes, even with the limit
+    lowered to what is open; once they close, every shard opens again."""
+    import resource
+
+    import zarr
+
+    n = 1500
+    root = tmp_path / "store.zarr"
+    data = np.random.default_rng(5).integers(0, 256, 8 * n, dtype=np.uint8)
+    zarr.create_array(root, shape=data.shape, chunks=(4,), shards=(8,), dtype="uint8", compressors=None,
+                      fill_value=0)[...] = data
+    paths = [str(tmp_path / "mnt" / "c" / str(2 * k)) for k in range(n)]  # one file of each shard
+    with zvfs_mount(root, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
+        pid = daemon_pid(mnt)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (1024, 1024))
+        holder = subprocess.Popen([sys.executable, "-c", PINNER, *paths], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            held, refused = holder.stdout.readline().split()  # type: ignore[union-attr]
+            held = int(held)
+            print(f"\n{held} files of as many shards held, then {refused}")
+            assert refused == str(errno.ENFILE) and 512 <= held < 1024, (held, refused)
+            open_now = len(os.listdir(f"/proc/{pid}/fd"))
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (open_now + 16, 1024))
+            holder.stdin.write("\n")  # type: ignore[union-attr]
+            holder.stdin.flush()  # type: ignore[union-attr]
+            got = holder.stdout.readline().split()  # type: ignore[union-attr]
+            want = [data[8 * k:8 * k + 4].tobytes().hex() for k in range(held)]
+            wrong = [k for k in range(held) if got[k] != want[k]]
+            assert not wrong, f"{len(wrong)} of {held} held files read otherwise, first: {got[wrong[0]]}"
+        finally:
+            holder.communicate("", timeout=120)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (1024, 1024))
+        deadline = time.monotonic() + 30  # (the kernel sends the releases after the closes return)
+        while read_or_errno(Path(paths[-1])) == errno.ENFILE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(Path(p).read_bytes() == data[8 * k:8 * k + 4].tobytes() for k, p in enumerate(paths))
+    assert (tmp_path / "zvfs.log").read_text().count("near the descriptor limit") == 1
+
+
 def test_a_listing_of_half_a_million_chunks_is_served_within_the_budget(tmp_path):
     """`zvfs serve` under memory=64M: the JSON listing of a chunk directory of 2**19 files (a
     1-d array, one shard, every chunk stored) is streamed a page at a time: every name once,

@@ -42,6 +42,11 @@ class StorageError(ZvfsError):
     """The backend failed to deliver bytes (I/O error, network fault after retries)."""
 
 
+class TooManyOpen(StorageError):
+    """No room under the process's descriptor limit (RLIMIT_NOFILE) for one more shard held
+    open: the open is refused (ENFILE), and what is open goes on reading."""
+
+
 class OptionError(ZvfsError):
     """A mount option or command-line argument that zvfs does not accept."""
 

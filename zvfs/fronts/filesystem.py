@@ -34,7 +34,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from ..core.paths import BadPath, OpenFile, Paths, Stat
 from ..core.source import open_source
-from ..errors import CorruptShardError, Gone, ShardChanged, StorageError
+from ..errors import CorruptShardError, Gone, ShardChanged, StorageError, TooManyOpen
 from ..options import parse_options
 
 
@@ -47,6 +47,8 @@ def _as_os_error(e: Exception, path: str) -> Exception:
     so mappers give KeyError and zarr the fill value)."""
     if isinstance(e, (Gone, BadPath)):
         return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    if isinstance(e, TooManyOpen):
+        return OSError(errno.ENFILE, str(e), path)
     if isinstance(e, (ShardChanged, CorruptShardError, StorageError)):
         return OSError(errno.EIO, str(e), path)
     return e

@@ -40,6 +40,7 @@ from ..errors import (
     ShardChanged,
     Stale,
     StorageError,
+    TooManyOpen,
     first_time,
 )
 from ..tree.handles import BytesHandle, Handle
@@ -110,6 +111,10 @@ def _errno_of(exc: BaseException) -> int:
         return errno.ENOENT
     if isinstance(exc, Stale):
         return errno.ESTALE
+    if isinstance(exc, TooManyOpen):  # (as the handle cap: refused until some close)
+        if first_time("too many open"):
+            log.error("%s", exc)
+        return errno.ENFILE
     if isinstance(exc, CorruptShardError):
         return errno.EIO  # logged where the shard was found bad
     if isinstance(exc, (StorageError, ShardChanged)):
@@ -435,7 +440,10 @@ class ZvfsOperations(pyfuse3.Operations):
         except pyfuse3.FUSEError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise pyfuse3.FUSEError(self._fail(e)) from None
+            code = self._fail(e)
+            if code == errno.ENOENT and inode not in self.kernel.cached:
+                self._forget_attrs(inode)  # (a stat by this path asks again: ENOENT)
+            raise pyfuse3.FUSEError(code) from None
         opened = self.kernel.opening(inode, handle.token, handle.size)
         if opened is None:  # another version: the kernel asks for the name again
             handle.release()
@@ -489,6 +497,17 @@ class ZvfsOperations(pyfuse3.Operations):
             pyfuse3.invalidate_inode(inode, False)
         except OSError as e:
             log.debug("cannot invalidate inode %d: %s", inode, e)
+
+    @staticmethod
+    def _forget_attrs(inode: int) -> None:
+        """The kernel's attributes of a file found gone invalidated: the kernel keeps a name's
+        entry and attributes 24 h, so a stat by its path answered the last size long after an
+        open found it no longer stored (an outside attacker). Attributes only: no page lock is
+        waited for, safe on the loop."""
+        try:
+            pyfuse3.invalidate_inode(inode, True)
+        except OSError:  # (the kernel no longer has it)
+            pass
 
     def _push_ahead_of(self, file: File) -> None:
         """A walk in listing order (`cp -r`, `find | xargs cat`) opens the next files right

@@ -25,6 +25,7 @@ from ..errors import MetadataError, ZvfsError
 from ..logs import Logs
 from ..options import MountOptions
 from ..storage import leases
+from ..storage.local import use_descriptor_limit
 from ..storage.urls import redact
 from . import fuse_loop
 from .fuse import ZvfsOperations, kernel_table, open_handles
@@ -87,6 +88,7 @@ class _Interrupted(Exception):
 
 async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready, logs: Logs) -> None:
     state = {"serving": False, "signal": None}
+    use_descriptor_limit()
     if not opts.no_leases:
         leases.enable()  # (old handles of a shard replaced by rename keep their bytes: leases.py)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..core.paths import BadPath, OpenFile, Paths, Stat
-from ..errors import CorruptShardError, Gone, ShardChanged, StorageError, first_time
+from ..errors import CorruptShardError, Gone, ShardChanged, StorageError, TooManyOpen, first_time
 
 log = logging.getLogger("zvfs.http")
 
@@ -408,6 +408,9 @@ class App:
             return 403, "not readable by everyone in the store"
         if isinstance(e, ShardChanged):
             return 503, "changed while being read; ask again"
+        if isinstance(e, TooManyOpen):
+            self._log_failure(e)
+            return 503, "too many files open; ask again"
         if isinstance(e, CorruptShardError):
             return 500, "damaged shard"
         if isinstance(e, StorageError):

@@ -33,6 +33,7 @@ from ..errors import MetadataError, StorageError, ZvfsError
 from ..logs import Logs
 from ..options import MountOptions
 from ..storage import leases
+from ..storage.local import use_descriptor_limit
 from .access_log import AccessLog
 from .http import App
 from .mounting import shown
@@ -88,6 +89,7 @@ def _shut_connections(ports: set[int]) -> int:
 async def _serve(source: str, opts: MountOptions, listen: str, cors: list[str], max_age: int, access_log: bool,
                  drain: float, logs: Logs) -> None:
     config = _config(listen, access_log, logs, drain)
+    use_descriptor_limit()  # (each connection, and each request's shard, holds a descriptor)
     if not opts.no_leases:
         leases.enable()  # (a request reading a shard replaced by rename keeps its bytes: leases.py)
     try:

@@ -110,7 +110,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..errors import ShardChanged, StorageError
+from ..errors import ShardChanged, StorageError, TooManyOpen
 from . import leases
 from .access import CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach
 from .base import Entries, Entry, Pin, Store, Version, proof
@@ -285,6 +285,35 @@ def _process_budget() -> int:
     return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
 
 
+def _descriptor_room() -> int:
+    """Shard descriptors all the stores of this process may hold open at once (cached, or
+    pinned by open files): the soft RLIMIT_NOFILE less an eighth (at least 64) left for what
+    reading them takes (a `dup` per read in a worker thread, O_PATH lookups, sockets, inotify).
+    Past it an open of a file of one more shard is refused (`TooManyOpen`): an outside attacker
+    holding one file of each of 20,000 shards ran the daemon out of descriptors, and every open
+    and every threaded read then failed with EIO. Read at each new descriptor (one syscall
+    beside an open): a limit changed while running (`prlimit`) counts at once."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft - max(64, soft // 8)
+
+
+def use_descriptor_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard one (a daemon's start: many open files each
+    pin a shard's descriptor; trio and pyfuse3 use epoll, so descriptors past 1024 are safe)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:
+            log.debug("cannot raise RLIMIT_NOFILE to %d: %s", hard, e)
+
+
 def _close(fd: int, local: bool) -> None:
     """Close on the loop for local filesystems; elsewhere in a thread of its own, not awaited:
     close(2) on FUSE sends a synchronous FLUSH, which a hung filesystem never answers."""
@@ -351,12 +380,15 @@ class LocalPin(Pin):
         if o is not None:
             o.pins -= 1
             if o.dropped and not o.pins:
+                LocalStore.held -= 1
                 _close(o.fd, o.local)
 
 
 class LocalStore(Store):
     #: descriptors kept open by all the stores of this process (`_process_budget`)
     kept = 0
+    #: shard descriptors open in all the stores of this process, kept or pinned (`_descriptor_room`)
+    held = 0
     dir_bits = True
 
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
@@ -426,6 +458,8 @@ class LocalStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise TooManyOpen(f"{path}: {e.strerror}") from None
             raise StorageError(f"{path}: {e.strerror}") from None
         if stat.S_ISDIR(st.st_mode):
             return None
@@ -491,6 +525,9 @@ class LocalStore(Store):
         if o is not None:
             self._fds.move_to_end(key)
             return o, None
+        if LocalStore.held >= _descriptor_room():
+            raise TooManyOpen(f"{LocalStore.held} shard files held open, near the descriptor limit "
+                              "(RLIMIT_NOFILE): more opens are refused until some close")
         path = self._real_path(key)
         point, fstype = self._mounts.mount_of(path)
         got = _SLOW
@@ -511,6 +548,7 @@ class LocalStore(Store):
         if local:
             self._lease(o)
         LocalStore.kept += 1
+        LocalStore.held += 1
         if len(self._fds) > self._max_open or (LocalStore.kept > _process_budget() and len(self._fds) > 1):
             self._drop(*next(iter(self._fds.items())))
         return o, st
@@ -534,6 +572,7 @@ class LocalStore(Store):
             LocalStore.kept -= 1
             o.dropped = True
             if not o.pins:
+                LocalStore.held -= 1
                 _close(o.fd, o.local)
 
     async def _stat(self, key: str, o: _Open) -> os.stat_result | None:
@@ -1212,6 +1251,7 @@ class LocalStore(Store):
         for o in self._fds.values():
             _close(o.fd, o.local)
         LocalStore.kept -= len(self._fds)
+        LocalStore.held -= len(self._fds)
         self._fds.clear()
         self._mounts.close()
         self._watch.close()
