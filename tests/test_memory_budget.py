@@ -557,7 +557,8 @@ def test_opens_past_the_descriptor_limit_are_enfile_and_what_is_open_reads_on(tm
     descriptors (RLIMIT_NOFILE) before the handle cap, and opens, then reads of files already
     open, failed with EIO. With the daemon's limit lowered to 1024 (prlimit), a process
     opening one chunk file of each of 1,500 shards (zarr-python) is refused with ENFILE once
-    most of the limit is held; every file it holds reads its chunk's bytes, even with the limit
+    most of the limit is held; a listing then is whole or ENFILE, never short of the shards
+    it could not open (an outside attacker's `ls`: 512 of 35,200 names, no error); every file it holds reads its chunk's bytes, even with the limit
     lowered to what is open; once they close, every shard opens again."""
     import resource
 
@@ -579,6 +580,11 @@ def test_opens_past_the_descriptor_limit_are_enfile_and_what_is_open_reads_on(tm
             held = int(held)
             print(f"\n{held} files of as many shards held, then {refused}")
             assert refused == str(errno.ENFILE) and 512 <= held < 1024, (held, refused)
+            try:  # a listing is whole, or refused: never short of the shards past the limit
+                listed = len(os.listdir(mnt / "c"))
+            except OSError as e:
+                listed = e.errno
+            assert listed in (2 * n, errno.ENFILE), listed
             open_now = len(os.listdir(f"/proc/{pid}/fd"))
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (open_now + 16, 1024))
             holder.stdin.write("\n")  # type: ignore[union-attr]

@@ -90,6 +90,76 @@ def test_a_shard_narrowed_while_mounted_closes_its_files_at_the_next_open(public
         assert chunk.read_bytes() == want  # (root)
 
 
+#: the files each view makes of the store's `zarr.json`, `a/zarr.json` and `notes.txt`
+MADE_OF = {
+    "zarr": {"zarr.json": ["zarr.json"], "a/zarr.json": ["a/zarr.json"], "notes.txt": ["notes.txt"]},
+    "zarr2": {"zarr.json": [".zattrs", ".zgroup"], "a/zarr.json": ["a/.zarray", "a/.zattrs"], "notes.txt": []},
+    "n5": {"zarr.json": ["attributes.json"], "a/zarr.json": ["a/attributes.json"], "notes.txt": []},
+}
+
+
+@pytest.mark.parametrize("view", sorted(MADE_OF))
+def test_metadata_and_plain_files_narrowed_while_mounted_follow_the_store(public_tmp, reader, view):
+    """An outside attacker: `chmod 0600` of `zarr.json`, `a/zarr.json` and a plain file in the
+    store left the metadata every view makes of them (`zarr.json`, `.zattrs`, `.zarray`,
+    `attributes.json`: the arrays' attributes) readable to others through an `allow_other`
+    mount, 2 of 2, and `zvfs serve` went on serving all three with 200. Random rounds narrow
+    and widen a random set of the three; after each, the reader reads through the mount (and
+    anyone through serve) exactly the files made of those the store lets them read (a widened
+    one once the kernel asks again: here root's open); root reads all."""
+    from servers import ZvfsServe
+
+    src = public_tmp / "store.zarr"
+    group = zarr.open_group(str(src), mode="w", zarr_format=3)
+    group.attrs["secret"] = "top"
+    group.create_array("a", shape=(16, 16), shards=(16, 16), chunks=(8, 8), dtype="uint8", compressors=None,
+                       attributes={"secret": "a"})[...] = 3
+    (src / "notes.txt").write_text("plain secret\n")
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    mnt = public_tmp / "mnt"
+    mnt.mkdir()
+    mnt.chmod(0o755)
+    rng = np.random.default_rng(sum(map(ord, view)))
+    made = MADE_OF[view]
+    with zvfs_mount(src, mnt, options=["allow_other", f"view={view}"]) as mounted, \
+            ZvfsServe(src, "--view", view, log=public_tmp / "serve.log") as server:
+        want = {f: (mounted / f).read_bytes() for fs in made.values() for f in fs}
+        closed: set[str] = set()
+        for round_ in range(4):
+            for stored in made:  # (every file read once before the change: the kernel holds its bits)
+                for f in made[stored]:
+                    as_reader("cat", mounted / f)
+                    _http_status(f"{server.url}/{f}")
+            closed = {k for k in made if rng.random() < 0.5} if round_ < 3 else set()
+            for stored in made:
+                (src / stored).chmod(0o600 if stored in closed else 0o644)
+            for stored, files in made.items():
+                for f in files:
+                    if stored in closed:
+                        r = as_reader("cat", mounted / f)
+                        assert r.returncode != 0 and not r.stdout, f"round {round_}: {f} read after {stored} was narrowed"
+                        assert _http_status(f"{server.url}/{f}") == 403, f"round {round_}: {f} served"
+                        assert (mounted / f).read_bytes() == want[f]  # (root)
+                    else:  # (widened: seen once the kernel asks again, as at root's open: docs/reliability.md)
+                        assert (mounted / f).read_bytes() == want[f]
+                        r = as_reader("cat", mounted / f)
+                        assert r.returncode == 0 and r.stdout == want[f], f"round {round_}: {f}: {r.stderr!r}"
+                        assert _http_status(f"{server.url}/{f}") == 200, f"round {round_}: {f} not served"
+
+
+def _http_status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def test_umask_shares_a_closed_store_on_purpose(base, reader):
     with _mount(base, "umask", ["allow_other", "umask=022"]) as mnt:
         closed = mnt / "c/0/0"

@@ -140,10 +140,12 @@ class Paths:
         return node
 
     async def _check(self, node: Node, path: str) -> None:
+        """A directory's bits (a file's are checked by its open, as the open finds them:
+        `open_node`)."""
         if node.is_dir:
             await node.ready()  # type: ignore[attr-defined]
-        if self.public and not self.shown.public(node.is_dir, node.stamp().mode):
-            raise _error(errno.EACCES, path)
+            if self.public and not self.shown.public(True, node.stamp().mode):
+                raise _error(errno.EACCES, path)
 
     def _stat(self, name: str, is_dir: bool, size: int | None, stamp, etag: str | None = None) -> Stat:
         uid, gid = self.shown.owner(stamp)
@@ -205,6 +207,8 @@ class Paths:
         except Gone:
             raise _error(errno.ENOENT, path) from None
         try:
+            if self.public and not self.shown.public(False, file.stamp().mode):  # (as the open found it)
+                raise _error(errno.EACCES, path)
             size = handle.size if handle.size is not None else await file.size()
             return OpenFile(self._stat(_name(path), False, size, file.stamp(), self._etag(handle, path)), handle)
         except BaseException:

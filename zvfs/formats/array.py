@@ -65,6 +65,7 @@ class ArrayModel:
     separator: str = "/"  # chunk key separator the store uses ("/" or ".")
     chunk_dir: str = ""  # the store directory below the array's that holds its chunk keys ("c"), if any
     version: Version | None = None  # of the metadata file it came from (mtime and mode of views' metadata)
+    meta_key: str | None = None  # the store key of that file (its bits are followed: BytesFile)
     warning: str | None = None  # why a view cannot show it chunk by chunk (shown as stored, or absent)
 
     @property
@@ -86,6 +87,7 @@ class GroupModel:
     attributes: dict = field(default_factory=dict)
     children: list[str] = field(default_factory=list)  # names of child arrays and groups
     version: Version | None = None
+    meta_key: str | None = None
 
 
 Hierarchy = dict[str, "ArrayModel | GroupModel"]

@@ -25,7 +25,7 @@ from typing import Any
 import mmh3
 import numpy as np
 
-from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, first_time
+from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, TooManyOpen, first_time
 from ..storage.base import Store, Version, proof
 from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
@@ -339,9 +339,12 @@ class ShardedKV:
     async def current_index(self, shard: int) -> "_ShardIndex | None":
         """The shard's index, checked against its current version (within the last
         `LISTING_MAX_AGE`: listings use it); None for a missing or corrupt shard, or one that
-        cannot be read (a FIFO, a device, a symlink leading outside: logged once)."""
+        cannot be read (a FIFO, a device, a symlink leading outside: logged once). No room
+        for its descriptor now fails the listing (as `ShardedArray._listed_head`)."""
         try:
             return await self._shard_index(shard, LISTING_MAX_AGE)
+        except TooManyOpen:
+            raise
         except CorruptShardError:
             return None
         except StorageError as e:

@@ -84,7 +84,7 @@ def volume_hierarchy(store: Store, dataset: Dataset, cache: CoalescingCache, dec
     `cache` holds shard indexes and chunk tables; `decoded` is the views' cache of decoded
     chunks, consulted only to warn when one decoded chunk would not fit in it."""
     version = dataset.versions.get(INFO)
-    root = GroupModel("", version=version)
+    root = GroupModel("", version=version, meta_key=INFO)
     out: Hierarchy = {"": root}
     if dataset.kind != "volume":
         return out
@@ -149,7 +149,7 @@ def scale_array(store: Store, info: dict, scale: VolumeScale, meta: dict, first_
     return ArrayModel(path=scale.key, shape=(*scale.size, channels), data_type=data_type,
                       chunk_shape=(*scale.chunk_size, channels), codecs=RAW_CODECS, fill_value=0, chunks=chunks,
                       dimension_names=DIMENSION_NAMES, attributes=attributes, cropped_edges=True, separator="/",
-                      version=version, warning=warning)
+                      version=version, meta_key=INFO, warning=warning)
 
 
 # --------------------------------------------------------------------------- chunks of one scale

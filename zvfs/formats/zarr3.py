@@ -25,7 +25,7 @@ import crc32c
 import numpy as np
 import trio
 
-from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, first_time
+from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, TooManyOpen, first_time
 from ..storage.base import Store, Version, proof
 from ..storage.cache import LISTING_MAX_AGE, CoalescingCache, drop_if_changed
 from ..storage.gather import gather
@@ -681,9 +681,13 @@ class ShardedArray:
     async def _listed_head(self, key: str, max_age: float | None) -> ShardIndex | LazyIndex | None:
         """`head` for a listing: None for a missing or corrupt shard (logged when decoded), or
         one that cannot be read (a FIFO, a device, a symlink leading outside, no permission:
-        logged once): it costs its own files, never the listing."""
+        logged once): it costs its own files, never the listing. No room for its descriptor
+        now (`TooManyOpen`) fails the listing: a listing short of every shard past the limit,
+        with no error, was what an outside attacker's `ls` got."""
         try:
             return await self.head(key, max_age)
+        except TooManyOpen:
+            raise
         except CorruptShardError:
             return None
         except StorageError as e:
@@ -1083,10 +1087,10 @@ def array_model(node: ArrayNode, store: Store, cache: CoalescingCache) -> ArrayM
         dimension_names=tuple(names) if isinstance(names, list) and names else None,
         attributes=meta.get("attributes") or {}, separator=node.encoding.separator,
         chunk_dir="c" if node.encoding.name == "default" and node.encoding.separator == "/" and node.shape else "",
-        version=node.version, warning=warning)
+        version=node.version, meta_key=child_path(node.path, META), warning=warning)
 
 
 def hierarchy_model(nodes: dict[str, ArrayNode | GroupNode], store: Store, cache: CoalescingCache) -> Hierarchy:
     return {path: array_model(n, store, cache) if isinstance(n, ArrayNode)
-            else GroupModel(path, n.meta.get("attributes") or {}, list(n.children), n.version)
+            else GroupModel(path, n.meta.get("attributes") or {}, list(n.children), n.version, child_path(path, META))
             for path, n in nodes.items()}

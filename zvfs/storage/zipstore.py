@@ -42,7 +42,7 @@ import zlib
 
 import trio
 
-from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, ZvfsError, first_time
+from ..errors import CorruptShardError, MetadataError, ShardChanged, StorageError, TooManyOpen, ZvfsError, first_time
 from .base import Entries, Store, Version
 from .cache import CoalescingCache, decoded_size
 from .local import LocalStore
@@ -570,6 +570,8 @@ class ZipStore(Store):
         changed = await inner.directories_changed()
         try:
             now = await inner.current(self.key)
+        except TooManyOpen:  # (nothing known now: the next look tells)
+            return changed
         except StorageError:  # (not a file the store opens now: a symlink leading outside, a FIFO)
             now = None
         # (against the last look, not the central directory: a read that meets the new

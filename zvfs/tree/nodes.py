@@ -188,25 +188,42 @@ class Dir(Node):
 
 
 class BytesFile(File):
-    """A small file held in memory (rewritten metadata, read at mount time: it never changes);
-    `source` is the version of the file it was rewritten from (its mode and mtime are shown:
-    rsync and make see no change across remounts)."""
+    """A small file held in memory (rewritten metadata, read at mount time: its bytes never
+    change); `source` is the version of the file it was rewritten from (its mode and mtime are
+    shown: rsync and make see no change across remounts). With `store` and `key` (the file it
+    came from), every open and getattr looks at that file again and shows its bits as they are
+    now: a `zarr.json` narrowed to 0600 in the store stayed readable to others through the
+    mount and `zvfs serve` (an outside attacker). A file gone from the store keeps the last
+    bits seen."""
 
-    __slots__ = ("data", "source")
+    __slots__ = ("data", "key", "source", "store")
 
-    def __init__(self, ino: int, data: bytes, source: Version | None = None):
+    def __init__(self, ino: int, data: bytes, source: Version | None = None, store: Store | None = None,
+                 key: str | None = None):
         super().__init__(ino)
         self.data = data
         self.source = source
+        self.store, self.key = store, key
 
     def stamp(self) -> Stamp:
         return stamp_of(self.source)
 
     def token(self) -> Hashable:
-        return "bytes"
+        return ("bytes", None if self.source is None else self.source.tag)
+
+    async def _follow(self) -> None:
+        if self.store is not None:
+            now = await self.store.current(self.key)  # type: ignore[arg-type]
+            if now is not None:
+                self.source = now
+
+    async def revalidate(self) -> bool:
+        await self._follow()
+        return True
 
     async def open(self) -> Handle:
-        return BytesHandle(self.data, "bytes")
+        await self._follow()
+        return BytesHandle(self.data, self.token())
 
     async def size(self) -> int:
         return len(self.data)

@@ -80,7 +80,8 @@ class HierarchyView:
 
     def metadata(self, key: str, content: bytes, node: ArrayModel | GroupModel) -> Node:
         """A metadata file, dressed in the mode and mtime of the metadata it came from."""
-        return self.tree.intern((self.name, "meta", key), lambda ino: BytesFile(ino, content, node.version))
+        return self.tree.intern((self.name, "meta", key), lambda ino: BytesFile(ino, content, node.version, self.store,
+                                                                               node.meta_key))
 
     # -- for subclasses
 

@@ -62,10 +62,11 @@ log = logging.getLogger("zvfs.view.precomputed")
 T = TypeVar("T")
 
 
-def info_file(tree: Tree, path: str, info: dict, source: Version | None = None) -> Node:
-    """The info file at `path`, rewritten without its sharding members (`source`: the stored
-    file's version, whose mode and mtime it shows)."""
-    return tree.intern(("pcinfo", path), lambda ino: BytesFile(ino, json.dumps(unsharded_info(info)).encode(), source))
+def info_file(tree: Tree, store: Store, path: str, info: dict, source: Version | None = None) -> Node:
+    """The info file `path`, rewritten without its sharding members (`source`: the stored
+    file's version, whose mode and mtime it shows, followed as the file's bits change)."""
+    return tree.intern(("pcinfo", path), lambda ino: BytesFile(ino, json.dumps(unsharded_info(info)).encode(), source,
+                                                               store, path))
 
 
 class PrecomputedView:
@@ -116,7 +117,7 @@ class DatasetDir(Dir):
     async def lookup(self, name: str) -> Node | None:
         """`info` and the sharded directories are known from the metadata: no listing needed."""
         if name == INFO:
-            return info_file(self.view.tree, INFO, self.view.dataset.info, self.view.dataset.versions.get(INFO))
+            return info_file(self.view.tree, self.view.store, INFO, self.view.dataset.info, self.view.dataset.versions.get(INFO))
         if name in self.view.dataset.sharded:
             return self.view.sharded_dir(self.view.dataset.sharded[name])
         return await self.view.tree.store_dir(self.view.store, "").lookup(name)
@@ -129,7 +130,7 @@ class DatasetDir(Dir):
         for i, name in enumerate(listing.names if listing is not None else []):
             is_dir = bool(listing.is_dir[i])  # type: ignore[union-attr]
             if name == INFO and not is_dir:
-                out.append((name, info_file(view.tree, INFO, view.dataset.info, view.dataset.versions.get(INFO))))
+                out.append((name, info_file(view.tree, view.store, INFO, view.dataset.info, view.dataset.versions.get(INFO))))
             elif is_dir and name in view.dataset.sharded:
                 out.append((name, view.sharded_dir(view.dataset.sharded[name])))
             else:
@@ -162,7 +163,7 @@ class ShardedDirNode(Dir):
         if self.sd.info is None:
             return None
         path = f"{self.sd.path}/{INFO}"
-        return info_file(self.view.tree, path, self.sd.info, self.view.dataset.versions.get(path))
+        return info_file(self.view.tree, self.view.store, path, self.sd.info, self.view.dataset.versions.get(path))
 
     def is_shard_file(self, name: str) -> bool:
         """`name` is one of this directory's shard files: the spec's digit count, lower-case

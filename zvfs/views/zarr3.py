@@ -122,7 +122,8 @@ class Zarr3View:
 
     def metadata_file(self, path: str, meta: dict) -> BytesFile:
         source = self.nodes[path].version
-        return self.tree.intern(("meta", path), lambda ino: BytesFile(ino, metadata_bytes(meta), source))  # type: ignore[return-value]
+        return self.tree.intern(("meta", path), lambda ino: BytesFile(ino, metadata_bytes(meta), source, self.store,  # type: ignore[return-value]
+                                                                      child_path(path, META)))
 
 
 class ShownPassDir(PassDir):
@@ -158,7 +159,8 @@ class GroupDir(Dir):
         view, group = self.view, self.group
         meta = unsharded_group_metadata(group.meta, f"{view.store.display}/{child_path(group.path, META)}")
         if meta is group.meta:  # nothing to rewrite: the stored bytes, unchanged
-            return view.tree.intern(("meta", group.path), lambda ino: BytesFile(ino, group.raw, group.version))
+            return view.tree.intern(("meta", group.path), lambda ino: BytesFile(ino, group.raw, group.version, view.store,
+                                                                                child_path(group.path, META)))
         return view.metadata_file(group.path, meta)
 
     async def lookup(self, name: str) -> Node | None:
