@@ -460,6 +460,74 @@ def test_listing_a_shard_of_2_24_chunks_stays_in_the_budget(tmp_path, variant):
     assert peak < LISTING_CEILING, f"daemon peak RSS {peak >> 20} MiB"
 
 
+def _row_shards_array(root: Path, rows: int) -> None:
+    """An array `rows` of shape (rows, 1), one shard per row directory (`c/<r>/0`), each shard
+    one inner chunk of one byte (7) and its index with a crc32c: a chunk directory of as many
+    store directories as rows (crafted: what an outside attacker made of the listing)."""
+    import crc32c
+
+    (root / "rows" / "c").mkdir(parents=True)
+    (root / "rows" / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [rows, 1], "data_type": "uint8", "fill_value": 0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, 1]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "codecs": [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}], "index_location": "end",
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]}))
+    index = np.array([0, 1], "<u8").tobytes()
+    shard = b"\x07" + index + crc32c.crc32c(index).to_bytes(4, "little")
+    for r in range(rows):
+        os.mkdir(root / "rows" / "c" / str(r))
+        (root / "rows" / "c" / str(r) / "0").write_bytes(shard)
+
+
+def test_a_chunk_directory_of_100k_row_directories_is_refused_early_within_the_budget(tmp_path):
+    """The third outside attack (2.4): an array whose `c/` holds 100,000 row directories, one
+    shard each. Its listing needs more than the listings' budget under memory=64M, and was
+    refused only after every row directory had been listed, one after another: 78 s, 124-185
+    MiB (500,000 rows: 6.5 min, 336 MiB, other reads waiting 2.5 min). Now the shards are
+    read as their directories are listed, so `ls c/` is EIO (one log line) as soon as the
+    budget is passed: within 30 s, the daemon under 128 MiB, reads of another array right
+    within a second meanwhile, and chunk files of the array still open by name."""
+    root = tmp_path / "store.zarr"
+    data = _with_a_small_array(root)
+    rows = 100_000
+    _row_shards_array(root, rows)
+    log = tmp_path / "zvfs.log"
+    with zvfs_mount(root, tmp_path / "mnt", log=log, options=(BUDGET,)) as mnt:
+        assert (mnt / "small" / "zarr.json").exists()
+        got: dict[str, object] = {}
+
+        def lister() -> None:
+            t = time.monotonic()
+            try:
+                got["rows"] = len(os.listdir(mnt / "rows" / "c"))
+            except OSError as e:
+                got["rows"] = errno.errorcode.get(e.errno, e.errno)
+            got["took"] = time.monotonic() - t
+
+        thread = threading.Thread(target=lister, daemon=True)
+        thread.start()
+        waits, reads = [], []
+        while thread.is_alive() and len(waits) < 600:
+            t = time.monotonic()
+            reads.append((mnt / "small/c/1/1").read_bytes())
+            waits.append(time.monotonic() - t)
+            time.sleep(0.1)
+        thread.join(600)
+        named = [(mnt / "rows" / "c" / str(r) / "0").read_bytes() for r in (0, 4321, rows - 1)]
+        peak = vm_hwm(daemon_pid(mnt))
+    print(f"\n{rows} row directories: `ls c/` {got.get('rows')} after {got.get('took', -1):.1f} s, other reads "
+          f"at most {max(waits, default=0):.2f} s, daemon peak RSS {peak >> 20} MiB")
+    assert got.get("rows") == "EIO", got
+    assert got["took"] < 30, f"the refusal took {got['took']:.1f} s"
+    assert all(r == data[16:32, 16:32].tobytes() for r in reads) and max(waits, default=0) < 1.0, max(waits, default=0)
+    assert named == [b"\x07"] * 3
+    assert peak < LISTING_CEILING, f"daemon peak RSS {peak >> 20} MiB"
+    lines = log.read_text().splitlines()
+    assert sum("would take more than" in line for line in lines) == 1 and not any("Traceback" in line for line in lines)
+
+
 def test_listings_served_at_once_stay_in_the_budget(tmp_path):
     """`zvfs serve` under memory=64M: 16 clients at once list rows of a shard of 2**24 chunks
     (4096 entries each, from a 256 MiB sparse index): every listing right, the server's peak

@@ -132,8 +132,11 @@ STABLE_READ_ATTEMPTS = 3
 #: 0.21-0.29 s on ext4 and tmpfs). The cost of a longer window: a shard written less than this
 #: long ago is read through a worker thread (~0.1 ms more per read) and its index is not kept.
 SETTLE_NS = 2_000_000_000
-#: Directory stats and reach masks remembered (per directory, per owner of files below it).
-DIRS_KEPT = 1 << 16
+#: Directory stats and reach masks remembered (per directory, per owner of files below it);
+#: past it they are forgotten at once and walked again as used. ~500 bytes a directory
+#: (60,000 row directories listed one by one: 29 MiB held at 1 << 16, 5 MiB at 1 << 14,
+#: memory=2G, FUSE-free), so what they hold stays a small part of any memory budget.
+DIRS_KEPT = 1 << 14
 #: Subdirectories whose walks one listing teaches at most (a huge directory teaches none of
 #: its own: they are walked when used).
 CHILD_WALKS_KEPT = 1024
