@@ -101,6 +101,38 @@ def test_a_huge_pass_through_directory_stays_inside_the_memory_budget(tmp_path):
         assert grown < 64, f"the daemon grew by {grown} MiB listing {n} entries"
 
 
+def test_a_directory_whose_listing_exceeds_the_memory_budget_is_eio(tmp_path):
+    """A store directory of more names than its listing can hold within `memory` (142 bytes
+    an entry plus its name: 60,000 names of 7 characters under memory=8M) is EIO for `ls`,
+    with one log line naming the option; the rest of the store lists and reads, a directory
+    of 30,000 names lists whole, and the same store under a larger budget lists every name.
+    (Before, one listing of any size was held: a directory of millions of names took the
+    daemon past any budget.)"""
+    import errno
+
+    src = tmp_path / "store.zarr"
+    group = zarr.create_group(str(src))
+    small = group.create_array("small", shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="uint8", fill_value=0,
+                               compressors=None)
+    small[...] = np.arange(64, dtype="uint8").reshape(8, 8)
+    for name, n in (("big", 60_000), ("fits", 30_000)):
+        (src / name).mkdir()
+        for i in range(n):
+            os.close(os.open(src / name / f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644))
+    log = tmp_path / "zvfs.log"
+    with zvfs_mount(src, tmp_path / "mnt", log=log, options=["memory=8M"]) as mnt:
+        with pytest.raises(OSError) as refused:
+            os.listdir(mnt / "big")
+        assert len(os.listdir(mnt / "fits")) == 30_000
+        assert (mnt / "small" / "c" / "1" / "1").read_bytes() == small[4:, 4:].tobytes()
+        assert sorted(os.listdir(mnt)) == sorted(["big", "fits", "small", "zarr.json"])
+    assert refused.value.errno == errno.EIO
+    lines = [line for line in log.read_text().splitlines() if "raise it to list it" in line]
+    assert len(lines) == 1 and "big" in lines[0] and "Traceback" not in log.read_text(), lines
+    with zvfs_mount(src, tmp_path / "mnt", options=["memory=64M"]) as mnt:
+        assert len(os.listdir(mnt / "big")) == 60_000
+
+
 def test_open_directory_handles_share_the_memory_budget(tmp_path):
     """Directories shown as stored, each listing ~6 MB (20,000 names of 227 characters), held
     open at once (a scandir iterator each, its first entries read) with memory=64M: the

@@ -47,6 +47,11 @@ class TooManyOpen(StorageError):
     open: the open is refused (ENFILE), and what is open goes on reading."""
 
 
+class DirectoryTooLarge(StorageError):
+    """A store directory whose listing would take more than the memory budget: EIO, one line
+    naming the option to raise."""
+
+
 class OptionError(ZvfsError):
     """A mount option or command-line argument that zvfs does not accept."""
 

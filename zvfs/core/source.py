@@ -185,7 +185,7 @@ async def open_source(source: str, opts: MountOptions | None = None, storage: di
     store = open_store(source, max_requests=opts.max_requests, storage_options=storage_options(protocol, opts) | (storage or {}),
                        readahead=opts.readahead, block_cache=opts.block_cache, deadline=opts.retry_deadline,
                        follow_symlinks=opts.follow_symlinks, request_timeout=opts.request_timeout,
-                       max_directory=opts.max_metadata, inflated=decoded, cache_dir=opts.cache_dir, cache_size=opts.cache_size)
+                       max_directory=opts.max_metadata, max_listing=opts.memory, inflated=decoded, cache_dir=opts.cache_dir, cache_size=opts.cache_size)
     source = store.display  # from here on, only the redacted form is ever shown
     try:
         # an OCDBT database is a store over the store: probed when nothing else is recognised

@@ -101,6 +101,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
+import math
 import os
 import stat
 import struct
@@ -110,7 +111,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..errors import ShardChanged, StorageError, TooManyOpen
+from ..errors import DirectoryTooLarge, ShardChanged, StorageError, TooManyOpen
 from . import leases
 from .access import CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach
 from .base import Entries, Entry, Pin, Store, Version, proof
@@ -137,6 +138,10 @@ SETTLE_NS = 2_000_000_000
 #: (60,000 row directories listed one by one: 29 MiB held at 1 << 16, 5 MiB at 1 << 14,
 #: memory=2G, FUSE-free), so what they hold stays a small part of any memory budget.
 DIRS_KEPT = 1 << 14
+#: bytes a local listing takes per entry besides its name (`Entries`: 158 for names of 16
+#: characters, tracemalloc): one directory's listing is held within the memory budget
+#: (`max_listing`), so a directory of a million names cannot take the daemon past it
+LISTED_ENTRY = 142
 #: Subdirectories whose walks one listing teaches at most (a huge directory teaches none of
 #: its own: they are walked when used).
 CHILD_WALKS_KEPT = 1024
@@ -394,8 +399,11 @@ class LocalStore(Store):
     held = 0
     dir_bits = True
 
-    def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False):
+    def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False,
+                 max_listing: int | None = None):
         self.root = os.path.abspath(root)
+        #: bytes one directory's listing may take (`LISTED_ENTRY` an entry plus its name), None: any
+        self.max_listing = max_listing
         self.display = self.root
         self.real_root = os.path.realpath(root)
         self._inside_prefix = self.real_root.rstrip("/") + "/"
@@ -1185,6 +1193,7 @@ class LocalStore(Store):
                 ancestors.add((st.st_dev, st.st_ino))
             reaches: dict[tuple[int, int], int] = {}
             out = Entries()
+            room = math.inf if self.max_listing is None else self.max_listing
             inner = gates + (real,) if gates is not None else None  # (the gates of the entries)
             with os.scandir(fd) as it:
                 for de in it:
@@ -1216,6 +1225,10 @@ class LocalStore(Store):
                         except OSError:
                             continue  # gone meanwhile
                     is_dir = stat.S_ISDIR(st.st_mode)
+                    room -= LISTED_ENTRY + len(de.name)
+                    if room < 0:
+                        raise DirectoryTooLarge(f"{path}: a directory of more than {len(out):,} entries: its listing would take more "
+                                                f"than the {self.max_listing >> 20} MiB of -o memory= (raise it to list it)")
                     if is_dir and (st.st_dev, st.st_ino) in ancestors:
                         name = f"{path}/{de.name}"
                         self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")

@@ -17,6 +17,7 @@ from .zipstore import ZipStore, zip_headed, zip_named
 def open_store(source: str, max_requests: int = 16, storage_options: dict | None = None,
                readahead: int = 1 << 20, block_cache: int = 64 << 20, deadline: float = 30.0,
                follow_symlinks: bool = False, request_timeout: float = 20.0, max_directory: int = 64 << 20,
+               max_listing: int | None = None,
                inflated: CoalescingCache | None = None, cache_dir: str | None = None,
                cache_size: int | None = None) -> Store:
     """A local path gets the pread fast path; a URL goes through fsspec, with retries inside
@@ -25,7 +26,8 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     cache, and with `cache_dir` over a persistent disk cache of `cache_size` bytes (diskcache.py;
     local stores have none: they are on disk already). A local file, or a URL named `.zip` or
     `.ozx`, is a zip archive (zipstore.py: its central directory held within `max_directory`
-    bytes, deflated entries kept in `inflated`)."""
+    bytes, deflated entries kept in `inflated`); a local directory's listing is held within
+    `max_listing` bytes."""
     if "://" not in source or source.startswith("file://"):
         path = source.removeprefix("file://")
         if not os.path.exists(path):
@@ -35,7 +37,7 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
             return ZipStore(LocalStore(os.path.dirname(real)), os.path.basename(real), path, max_directory, inflated)
         if not os.path.isdir(path):
             raise MetadataError(source, "not a directory")
-        return LocalStore(path, follow_symlinks=follow_symlinks)
+        return LocalStore(path, follow_symlinks=follow_symlinks, max_listing=max_listing)
     import fsspec  # (and the remote stores: fsspec, stamina and asyncio cost local mounts 60 ms at start)
 
     from .remote import FsspecStore
