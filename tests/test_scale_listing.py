@@ -25,9 +25,9 @@ from servers import DelayProxy, Nginx
 pytestmark = pytest.mark.mount
 
 
-def _daemon_rss_kib(mnt: Path) -> int:
+def _daemon_rss_kib(mnt: Path, field: str = "VmRSS") -> int:
     pids = subprocess.run(["pgrep", "-f", f"zvfs mount .* {mnt}"], capture_output=True, text=True).stdout.split()
-    return max(int(Path(f"/proc/{p}/status").read_text().split("VmRSS:")[1].split()[0]) for p in pids)
+    return max(int(Path(f"/proc/{p}/status").read_text().split(f"{field}:")[1].split()[0]) for p in pids)
 
 
 @pytest.mark.parametrize("separator", ["/", "."])
@@ -80,7 +80,7 @@ def test_precomputed_over_http_without_index_pages_probes_shards_concurrently(tm
 
 def test_a_huge_pass_through_directory_stays_inside_the_memory_budget(tmp_path):
     """200,000 plain files beside the arrays (what the issue saw at 400,000: 47 -> 295 MiB
-    with memory=64M): listing them twice and reading a few keeps the daemon's growth inside
+    with memory=64M), and one name of 250 characters: listing them twice and reading a few keeps the daemon's growth inside
     the budget, and every name is listed once."""
     src = tmp_path / "store.zarr"
     zarr.create_group(str(src))
@@ -89,16 +89,22 @@ def test_a_huge_pass_through_directory_stays_inside_the_memory_budget(tmp_path):
     n = 200_000
     for i in range(n):
         (junk / f"file-{i:07d}.txt").write_bytes(b"x" * (i % 7))
+    long_name = "L" * 250  # (sorting the names as one numpy str array made each as wide as this: +196 MiB)
+    (junk / long_name).write_bytes(b"long")
     with zvfs_mount(src, tmp_path / "mnt", options=["memory=64M"]) as mnt:
         os.listdir(mnt)
         before = _daemon_rss_kib(mnt)
         for _ in range(2):
             names = os.listdir(mnt / "junk")
-        assert len(names) == n and len(set(names)) == n
+        assert len(names) == n + 1 and len(set(names)) == n + 1 and long_name in names
+        assert (mnt / "junk" / long_name).read_bytes() == b"long"
         for i in range(0, n, 20_000):
             assert (mnt / "junk" / f"file-{i:07d}.txt").read_bytes() == b"x" * (i % 7)
         grown = (_daemon_rss_kib(mnt) - before) >> 10
-        assert grown < 64, f"the daemon grew by {grown} MiB listing {n} entries"
+        peak = (_daemon_rss_kib(mnt, "VmHWM") - before) >> 10
+    print(f"\n{n} names: the daemon grew by {grown} MiB, its peak {peak} MiB over its size before")
+    assert grown < 64, f"the daemon grew by {grown} MiB listing {n} entries"
+    assert peak < 96, f"the daemon's peak was {peak} MiB over its size before the listings"
 
 
 def test_a_directory_whose_listing_exceeds_the_memory_budget_is_eio(tmp_path):

@@ -585,9 +585,12 @@ class Listing:
                 columns.add(e.name, e.is_dir, e.size, e.mode, e.mtime, e.uid, e.gid, e.token if isinstance(e.token, bytes) else None)
             entries = columns
         # sorted by code point, as Python sorts str (numpy: no Python int per entry, whose memory
-        # stays fragmented after a listing of 10^5 files)
-        order = np.argsort(np.array(entries.names), kind="stable") if entries.names else np.zeros(0, np.int64)
-        names = np.array(entries.names, dtype=object)[order].tolist()
+        # stays fragmented after a listing of 10^5 files). As objects: a str array is as wide
+        # as the longest name, 4 bytes a character, so one name of 255 characters among 200,000
+        # took 196 MiB to sort (3 MiB as objects, in 418 ms against 925)
+        column = np.array(entries.names, dtype=object)
+        order = np.argsort(column, kind="stable") if entries.names else np.zeros(0, np.int64)
+        names = column[order].tolist()
         is_dir = np.frombuffer(entries.is_dir, dtype=np.int8)[order].astype(bool)
         digest = hashlib.blake2b(digest_size=16)
         for name, d in zip(names, is_dir.tolist()):
