@@ -320,3 +320,37 @@ async def test_a_chunk_whose_shard_is_replaced_each_time_it_is_located_opens_at_
             handle.release()
     finally:
         await src.store.aclose()
+
+
+def test_local_listings_under_way_share_the_memory_budget(tmp_path):
+    """A local listing counts what it holds (142 bytes an entry plus its name) in what all
+    listings under way hold, within `max_listing`: a directory that fits alone is refused
+    while another listing holds the rest (the message says so), lists whole once that one is
+    done, and a refused listing gives back what it counted."""
+    import os
+
+    from zvfs.errors import DirectoryTooLarge
+    from zvfs.storage.local import LISTED_ENTRY
+
+    names = [f"f{i:06d}" for i in range(20_000)]
+    (tmp_path / "a").mkdir()
+    for name in names:
+        os.close(os.open(tmp_path / "a" / name, os.O_CREAT | os.O_WRONLY, 0o644))
+    one = sum(LISTED_ENTRY + len(n) for n in names)
+    store = LocalStore(str(tmp_path), max_listing=int(one * 1.5))
+
+    async def main() -> None:
+        assert sorted(e.name for e in await store.list("a")) == names
+        store._take_listing("elsewhere", 0, 0, one)  # another listing under way, as large
+        with pytest.raises(DirectoryTooLarge, match="held by other listings under way"):
+            await store.list("a")
+        assert store._listings_held == one
+        store._listings_held -= one  # (that listing done)
+        assert len(await store.list("a")) == len(names)
+        assert store._listings_held == 0
+        small = LocalStore(str(tmp_path), max_listing=one // 2)
+        with pytest.raises(DirectoryTooLarge, match="raise it to list it"):
+            await small.list("a")
+        assert small._listings_held == 0
+
+    trio.run(main)

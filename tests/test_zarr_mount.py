@@ -412,3 +412,31 @@ def test_reading_through_the_mount_leaves_the_source_unchanged(tmp_path, stores)
                 _read(Path(dirpath) / fn)
     after = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_nan_and_infinity_in_attributes_are_served_as_written(tmp_path):
+    """zarr-python writes `attrs["scale"] = nan` as a bare NaN token (and a float array's NaN
+    fill value as "NaN"): the mount shows the array (before: EIO for its directory and its
+    zarr.json, with "internal error" tracebacks), its zarr.json parses to the same attributes,
+    and zarr-python reads the same attributes and data through the mount."""
+    import numpy as np
+    import zarr
+
+    src = tmp_path / "store.zarr"
+    group = zarr.open_group(src, mode="w")
+    a = group.create_array("img", shape=(16, 16), chunks=(4, 4), shards=(8, 8), dtype="f4", fill_value=np.nan)
+    a[:8] = np.arange(128, dtype="f4").reshape(8, 16)
+    a.attrs.update({"scale": float("nan"), "top": float("inf"), "bottom": float("-inf"), "n": 3})
+    group.attrs["offset"] = float("nan")
+    assert "NaN" in (src / "img" / "zarr.json").read_text()
+    with zvfs_mount(src, tmp_path / "mnt", log=tmp_path / "zvfs.log") as mnt:
+        shown = json.loads((mnt / "img" / "zarr.json").read_text())
+        attrs = dict(zarr.open_array(mnt / "img", mode="r").attrs)
+        data = zarr.open_array(mnt / "img", mode="r")[...]
+        assert "c" in os.listdir(mnt / "img")
+        assert math.isnan(json.loads((mnt / "zarr.json").read_text())["attributes"]["offset"])
+    assert math.isnan(shown["attributes"]["scale"]) and shown["attributes"]["top"] == math.inf
+    assert shown["attributes"]["bottom"] == -math.inf and shown["attributes"]["n"] == 3
+    assert math.isnan(attrs["scale"]) and attrs["top"] == math.inf and attrs["n"] == 3
+    assert np.array_equal(data, a[...], equal_nan=True)
+    assert "Traceback" not in (tmp_path / "zvfs.log").read_text()

@@ -101,10 +101,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
-import math
 import os
 import stat
 import struct
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -139,9 +139,12 @@ SETTLE_NS = 2_000_000_000
 #: memory=2G, FUSE-free), so what they hold stays a small part of any memory budget.
 DIRS_KEPT = 1 << 14
 #: bytes a local listing takes per entry besides its name (`Entries`: 158 for names of 16
-#: characters, tracemalloc): one directory's listing is held within the memory budget
-#: (`max_listing`), so a directory of a million names cannot take the daemon past it
+#: characters, tracemalloc): the listings under way are held within the memory budget
+#: together (`max_listing`), so neither a directory of a million names nor several of 450,000
+#: listed at once take the daemon past it
 LISTED_ENTRY = 142
+#: bytes a listing counts at once (a directory of fewer than ~1,500 names counts nothing)
+LISTING_STEP = 256 << 10
 #: Subdirectories whose walks one listing teaches at most (a huge directory teaches none of
 #: its own: they are walked when used).
 CHILD_WALKS_KEPT = 1024
@@ -402,8 +405,11 @@ class LocalStore(Store):
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False,
                  max_listing: int | None = None):
         self.root = os.path.abspath(root)
-        #: bytes one directory's listing may take (`LISTED_ENTRY` an entry plus its name), None: any
+        #: bytes the listings under way may take together (`LISTED_ENTRY` an entry plus its
+        #: name), None: any; what they take now
         self.max_listing = max_listing
+        self._listings_held = 0
+        self._listings_lock = threading.Lock()
         self.display = self.root
         self.real_root = os.path.realpath(root)
         self._inside_prefix = self.real_root.rstrip("/") + "/"
@@ -1172,6 +1178,7 @@ class LocalStore(Store):
             return None
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from None
+        taken = owed = 0  # bytes of this listing counted in `_listings_held`, and not yet
         try:
             real = os.readlink(f"/proc/self/fd/{fd}")
             if not self._inside(real):
@@ -1193,7 +1200,6 @@ class LocalStore(Store):
                 ancestors.add((st.st_dev, st.st_ino))
             reaches: dict[tuple[int, int], int] = {}
             out = Entries()
-            room = math.inf if self.max_listing is None else self.max_listing
             inner = gates + (real,) if gates is not None else None  # (the gates of the entries)
             with os.scandir(fd) as it:
                 for de in it:
@@ -1225,10 +1231,10 @@ class LocalStore(Store):
                         except OSError:
                             continue  # gone meanwhile
                     is_dir = stat.S_ISDIR(st.st_mode)
-                    room -= LISTED_ENTRY + len(de.name)
-                    if room < 0:
-                        raise DirectoryTooLarge(f"{path}: a directory of more than {len(out):,} entries: its listing would take more "
-                                                f"than the {self.max_listing >> 20} MiB of -o memory= (raise it to list it)")
+                    owed += LISTED_ENTRY + len(de.name)
+                    if owed >= LISTING_STEP:
+                        self._take_listing(path, len(out), taken, owed)
+                        taken, owed = taken + owed, 0
                     if is_dir and (st.st_dev, st.st_ino) in ancestors:
                         name = f"{path}/{de.name}"
                         self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")
@@ -1260,8 +1266,27 @@ class LocalStore(Store):
             return out, walked
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from None
+        except DirectoryTooLarge:
+            out = None  # (its traceback keeps this frame while it is handled: not the entries; else the
+            raise  # next listing of the directory held two listings at once: 118 -> 187 MiB)
         finally:
             os.close(fd)
+            if taken:
+                with self._listings_lock:
+                    self._listings_held -= taken
+
+    def _take_listing(self, path: str, entries: int, taken: int, more: int) -> None:
+        """Count `more` bytes of a listing under way (worker thread) in what all listings
+        under way hold, or refuse it (DirectoryTooLarge) if that would pass `max_listing`."""
+        if self.max_listing is None:
+            return
+        with self._listings_lock:
+            others = self._listings_held - taken
+            if self._listings_held + more > self.max_listing:
+                besides = f", {others >> 20} MiB of it held by other listings under way" if others >= 1 << 20 else ""
+                raise DirectoryTooLarge(f"{path}: a directory of more than {entries:,} entries: its listing would take more "
+                                        f"than the {self.max_listing >> 20} MiB of -o memory={besides} (raise it to list it)")
+            self._listings_held += more
 
     async def aclose(self) -> None:
         for o in self._fds.values():

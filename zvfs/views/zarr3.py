@@ -50,15 +50,17 @@ log = logging.getLogger("zvfs.view.zarr3")
 
 
 def metadata_bytes(meta: dict) -> bytes:
-    """Serialise metadata the way zarr-python writes it (2-space indent), as strict JSON: an
-    array's fill value in the spec's form (a bare NaN token, which zarrita 0.2.7 writes,
-    becomes "NaN")."""
+    """Serialise metadata the way zarr-python writes it (2-space indent): an array's fill
+    value in the spec's form (a bare NaN token, which zarrita 0.2.7 writes, becomes "NaN").
+    Other NaN and Infinity values (attributes: zarr-python writes `attrs["scale"] = nan` as a
+    bare NaN token) stay the bare tokens they were, which zarr-python reads back; as strict
+    JSON they were a ValueError, and the array EIO with a traceback."""
     if meta.get("node_type") == "array" and "fill_value" in meta:
         try:
             meta = {**meta, "fill_value": fill_value_json(meta["data_type"], meta["fill_value"], 3)}
         except (ValueError, TypeError, KeyError):
             pass  # a data type zarr does not know: kept as written
-    return json.dumps(meta, indent=2, allow_nan=False).encode()
+    return json.dumps(meta, indent=2).encode()
 
 
 def unsharded_metadata(node: ArrayNode) -> dict:
