@@ -758,8 +758,12 @@ class LocalStore(Store):
         if walked.real is None and not walked.prefixes:
             return
         if len(self._walks) + len(walked.prefixes) > DIRS_KEPT or len(self._facts) + len(walked.facts) > DIRS_KEPT:
-            self._walks = {"": self._walks[""]}
-            self._facts = {self.real_root: self._facts[self.real_root]}
+            # forgotten, but for the directories the views show (and the ones on their walks):
+            # those forgotten were compared as gone and back, a change that dropped every cache
+            kept = {key: w for key, w in self._walks.items() if key == "" or w[0] in self._shown}
+            keep = {self.real_root, *self._shown, *(g for _, gates in kept.values() for g in gates if isinstance(g, str))}
+            self._walks = kept
+            self._facts = {path: d for path, d in self._facts.items() if path in keep}
             self._reaches.clear()
             self.generation += 1
         changed = learned = False
