@@ -145,9 +145,9 @@ def _shuffled_scans(monkeypatch, seed: int) -> None:
     """The source hands its tables over in a random order (as concurrent remote reads may)."""
     scan, rng = zarr3.ShardedArray.scan, np.random.default_rng(seed)
 
-    async def shuffled(self, fixed, visit):
+    async def shuffled(self, fixed, visit, wanted=None):
         got = []
-        await scan(self, fixed, lambda *args: got.append(args))
+        await scan(self, fixed, lambda *args: got.append(args))  # (every shard: none is known unwanted)
         for i in rng.permutation(len(got)).tolist():
             visit(*got[i])
 
@@ -193,3 +193,41 @@ async def test_directories_made_at_once_are_those_made_by_segment(sparse, flat, 
         assert all(b is None or a == b for a, b in zip(rows[-1], by_segment[path][-1])), path
         if view == "zarr":  # (the others' files are transcoded or get a header: made per window, not kept listed)
             assert None not in rows[-1], path
+
+
+async def test_a_listing_of_values_reads_no_more_shards_of_a_value_it_has(tmp_path):
+    """A directory listing the values of an axis needs one chunk per value: once every value a
+    shard row spans holds one, no more shards of that row are listed or read (the fourth
+    outside attacker: `ls c/` of a 3-D array of 300 x 300 row directories read all 90,000
+    shards for 600 names, 149 s). An array of 4 x 1,100 shard rows (more shards than are
+    enumerated: found by listing row directories), every shard a copy of one zarr-python
+    wrote: `c/` lists its 8 values reading under a quarter of the shards, the n5 view's top
+    one value, and a row directory still every one of its 2,200 values."""
+    import json
+    import os
+
+    one = tmp_path / "one.zarr"
+    a = zarr.create_array(str(one), shape=(2, 2, 2), shards=(2, 2, 2), chunks=(1, 1, 2), dtype="uint8",
+                          compressors=None, fill_value=0)
+    a[...] = np.arange(1, 9, dtype="uint8").reshape(2, 2, 2)
+    root = tmp_path / "wide.zarr"
+    root.mkdir()
+    meta = json.loads((one / "zarr.json").read_text())
+    meta["shape"] = [8, 2200, 2]
+    (root / "zarr.json").write_text(json.dumps(meta))
+    for i in range(4):
+        for j in range(1100):
+            (root / "c" / str(i) / str(j)).mkdir(parents=True)
+            os.link(one / "c" / "0" / "0" / "0", root / "c" / str(i) / str(j) / "0")
+    shards = 4 * 1100
+    assert shards > zarr3.ENUMERATE_SHARDS
+    for view, top, want in (("zarr", "c", [str(v) for v in range(8)]), ("n5", "", ["0"])):
+        opened = await open_source(str(root), parse_options([f"view={view}"]))
+        before = opened.store.requests
+        rows = await (await opened.tree.resolve(top)).rows()
+        read = opened.store.requests - before
+        assert sorted((n for n in rows.names if n.isdigit()), key=int) == want, view
+        assert read < shards // 4, f"{view}: {read} reads for a listing of {len(want)} values"
+    opened = await open_source(str(root))
+    rows = await (await opened.tree.resolve("c/5")).rows()
+    assert sorted(map(int, rows.names)) == list(range(2200))

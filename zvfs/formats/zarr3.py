@@ -475,6 +475,9 @@ SCAN_BYTES = 4 << 20
 #: says every row has the fixed coordinates (else the table is C-sorted, and the caller
 #: picks the rows)
 Visit = Callable[["ChunkTable", bool], None]
+#: and may be asked `wanted(shard)`, with a shard's coordinates or the leading ones of a
+#: directory of shards: False when nothing under it can add to the listing
+Wanted = Callable[[tuple[int, ...]], bool]
 
 
 class ShardedArray:
@@ -767,20 +770,26 @@ class ShardedArray:
 
     # -- listings, a few tables at a time
 
-    async def scan(self, fixed: dict[int, int], visit: Visit) -> None:
+    async def scan(self, fixed: dict[int, int], visit: Visit, wanted: Wanted | None = None) -> None:
         """Every stored chunk with the `fixed` grid coordinates (axis -> coordinate), handed to
         `visit` as chunk tables, each of one shard (a shard may come in several), checked
         against the shard's current version as in `tables`. Never more is in flight than the
         tables of a few shards (about `SCAN_BYTES`) or one slice of a lazy index, so a listing
         keeps only what it takes of them (views/chunks.py), whatever the shards hold; the shards
-        come from the store's listings a group at a time (`stored_shard_groups`)."""
-        async with aclosing(self.stored_shard_groups(fixed)) as groups:
+        come from the store's listings a group at a time (`stored_shard_groups`). `wanted`: the
+        shards (and directories of shards, by their leading coordinates) the listing still
+        needs, asked as they come (a listing of a chunk directory's values needs no more
+        shards of a value once it is known to hold a chunk)."""
+        async with aclosing(self.stored_shard_groups(fixed, wanted)) as groups:
             async for shards in groups:
-                await self._scan_group(shards, fixed, visit)
+                await self._scan_group(shards, fixed, visit, wanted)
 
-    async def _scan_group(self, shards: list[tuple[int, ...]], fixed: dict[int, int], visit: Visit) -> None:
+    async def _scan_group(self, shards: list[tuple[int, ...]], fixed: dict[int, int], visit: Visit,
+                          wanted: Wanted | None) -> None:
         todo = []
         for shard in shards:  # cached and checked within the window: in line (see `tables`)
+            if wanted is not None and not wanted(shard):
+                continue
             key = self.shard_key(shard)
             table = self._listed_table(key, shard, fixed)
             if table is None:
@@ -797,7 +806,8 @@ class ShardedArray:
         rows = math.prod(p for a, p in enumerate(self.per_shard) if a not in fixed)
         batch = max(1, min(64, SCAN_BYTES // max(1, 8 * (self.ndim + 2) * rows)))
         for at in range(0, len(todo), batch):
-            await gather(lambda shard=shard: self._scan_shard(shard, fixed, visit) for shard in todo[at:at + batch])
+            some = todo[at:at + batch] if wanted is None else [s for s in todo[at:at + batch] if wanted(s)]
+            await gather(lambda shard=shard: self._scan_shard(shard, fixed, visit) for shard in some)
 
     async def _scan_shard(self, shard: tuple[int, ...], fixed: dict[int, int], visit: Visit) -> None:
         key = self.shard_key(shard)
@@ -966,7 +976,8 @@ class ShardedArray:
                 found.extend(group)
         return sorted(found)
 
-    async def stored_shard_groups(self, fixed: dict[int, int] | None = None) -> AsyncIterator[list[tuple[int, ...]]]:
+    async def stored_shard_groups(self, fixed: dict[int, int] | None = None,
+                                  wanted: Wanted | None = None) -> AsyncIterator[list[tuple[int, ...]]]:
         """`stored_shards` a group at a time, in no set order, as the store's listings find
         them: a listing that stops early (past its budget) has listed only the directories it
         needed, and what is held at once is the listings of `LIST_DIRS_AT_ONCE` directories
@@ -1010,6 +1021,10 @@ class ShardedArray:
                 v = ranges[axis].start
                 dirs = [(_child(k, v), (*c, v)) for k, c in dirs]
                 axis += 1
+            if wanted is not None and axis:
+                dirs = [(k, c) for k, c in dirs if wanted(c)]
+                if not dirs:
+                    continue
             listed = await gather(lambda k=k: self.store.list(k) for k, _ in dirs)
             if axis == 0 and listed[0] is None:
                 self._unlistable(ranges)

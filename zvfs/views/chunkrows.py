@@ -39,7 +39,7 @@ async def chunk_rows(space: ChunkSpace, path: tuple[int, ...], nested: bool) -> 
     try:
         scan = getattr(space.source, "scan", None)
         if scan is not None:
-            await scan(build.fixed, build.add)
+            await scan(build.fixed, build.add, build.wanted)
         else:
             for table in await space.source.tables(build.fixed):
                 build.add(table)
@@ -169,6 +169,13 @@ class _Positions:
             self.bits = _bitmap(self.span)
             _set_bits(self.bits, pos)
             self.parts, self.nbytes = [], self.bits.nbytes
+
+    def count(self) -> int:
+        """Positions held (merged first)."""
+        self.merge()
+        if self.bits is not None:
+            return int(np.bitwise_count(self.bits).sum())
+        return len(self.parts[0]) if self.parts else 0
 
     def presence(self) -> "_Presence":
         self.merge()
@@ -520,6 +527,11 @@ class _Build:
         #: (table, its rows listed or None for all) while the listing may be a small one
         self.small: list[tuple] | None = [] if rows.files and space.plain else None
         self.small_rows = self.small_bytes = 0
+        #: segments of a listing of values (not files) whose every position holds an entry:
+        #: no more shards of them are read (`wanted`; the fourth outside attacker's `ls c/` of
+        #: a 3-D array of 300 x 300 row directories read all 90,000 shards for 600 names: 149 s)
+        self.full: set[int] = set()
+        self.extent = None if rows.files else space.source.grid[rows.axis]
 
     def add(self, table, matched: bool = False) -> None:
         """A table of chunks: C-sorted, or `matched` (every row has the fixed coordinates)."""
@@ -589,6 +601,14 @@ class _Build:
         before = acc.nbytes
         acc.add(pos if self.rows.files else distinct(pos))
         self.nbytes += acc.nbytes - before
+        if self.extent is not None and acc.count() >= min(self.rows.span, self.extent - seg * self.rows.span):
+            self.full.add(seg)
+
+    def wanted(self, shard: tuple[int, ...]) -> bool:
+        """Whether a shard, or a directory of shards by its leading coordinates, can add an
+        entry: not if its span along the listed axis is a full segment."""
+        axis = self.rows.axis
+        return not self.full or axis is None or len(shard) <= axis or shard[axis] not in self.full
 
     def check(self) -> None:
         if self.rows.hold(self.nbytes):

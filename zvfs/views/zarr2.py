@@ -148,11 +148,11 @@ class FilledSource:
         row_dir = getattr(self.inner, "row_dir", None)
         return None if row_dir is None else row_dir(prefix)
 
-    async def scan(self, fixed: dict[int, int], visit) -> None:
+    async def scan(self, fixed: dict[int, int], visit, wanted=None) -> None:
         """The inner source's tables for a listing, a few at a time where it can (chunks.py)."""
         scan = getattr(self.inner, "scan", None)
         if scan is not None:
-            await scan(fixed, visit)
+            await scan(fixed, visit, wanted)
             return
         for table in await self.inner.tables(fixed):
             visit(table, False)
