@@ -354,3 +354,23 @@ def test_local_listings_under_way_share_the_memory_budget(tmp_path):
         assert small._listings_held == 0
 
     trio.run(main)
+
+
+def test_a_wait_past_the_patience_names_the_directory_listed():
+    """A listing that takes longer than the store's patience is EIO naming the directory (the
+    fifth outside attacker: `<store>/listing: no answer within 5 s`, the cache key's tag in
+    place of the directory); a key whose store key comes first is named by it."""
+
+    async def main() -> None:
+        cache = CoalescingCache(1 << 20, name="/data/s", patience=0.05)
+
+        async def slow():
+            await trio.sleep(1)
+            return b""
+
+        with pytest.raises(StorageError, match=r"^/data/s/plain0: no answer within 0.05 s$"):
+            await cache.get(("listing", 12345, "plain0"), slow)
+        with pytest.raises(StorageError, match=r"^/data/s/a/c/0/0: no answer"):
+            await cache.get(("a/c/0/0", ("tag", 1), 0, 0), slow)
+
+    trio.run(main)

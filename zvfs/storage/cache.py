@@ -159,8 +159,12 @@ class CoalescingCache:
             flight.done.set()
 
     def _where(self, key: Hashable) -> str:
-        """The store key a cache key is about (its longest string), for messages."""
+        """The store key a cache key is about (its longest string, past a leading tag such as
+        "listing": the fifth outside attacker's EIO named `<store>/listing`, no directory), for
+        messages."""
         words = [key] if isinstance(key, str) else [k for k in key if isinstance(k, str)] if isinstance(key, tuple) else []
+        if len(words) > 1 and key[0] is words[0]:  # type: ignore[index]
+            words = words[1:]
         what = max(words, key=len) if words else repr(key)[:80]
         return f"{self.name}/{what}" if self.name else what
 
