@@ -1282,11 +1282,9 @@ class LocalStore(Store):
     def _take_listing(self, path: str, entries: int, taken: int, more: int) -> None:
         """Count `more` bytes of a listing under way (worker thread) in what all listings
         under way hold, or refuse it (DirectoryTooLarge) if that would pass `max_listing`."""
-        if self.max_listing is None:
-            return
         with self._listings_lock:
             others = self._listings_held - taken
-            if self._listings_held + more > self.max_listing:
+            if self.max_listing is not None and self._listings_held + more > self.max_listing:
                 besides = f", {others >> 20} MiB of it held by other listings under way" if others >= 1 << 20 else ""
                 raise DirectoryTooLarge(f"{path}: a directory of more than {entries:,} entries: its listing would take more "
                                         f"than the {self.max_listing >> 20} MiB of -o memory={besides} (raise it to list it)")

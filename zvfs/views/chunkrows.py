@@ -136,7 +136,7 @@ class _Positions:
     (any order, repeats allowed): narrow integer parts, merged (sorted, repeats dropped) as
     they grow, or a bitmap over the span where that takes less."""
 
-    __slots__ = ("span", "dtype", "parts", "merged", "added", "bits", "nbytes")
+    __slots__ = ("span", "dtype", "parts", "merged", "added", "bits", "nbytes", "counted", "since")
 
     def __init__(self, span: int):
         self.span = span
@@ -146,8 +146,10 @@ class _Positions:
         self.added = 0  # positions added since the last merge
         self.bits: np.ndarray | None = None
         self.nbytes = 0
+        self.counted = self.since = 0  # positions held at the last `holds_all` count, added since
 
     def add(self, pos: np.ndarray) -> None:
+        self.since += len(pos)
         if self.bits is not None:
             _set_bits(self.bits, pos)
             return
@@ -170,12 +172,20 @@ class _Positions:
             _set_bits(self.bits, pos)
             self.parts, self.nbytes = [], self.bits.nbytes
 
-    def count(self) -> int:
-        """Positions held (merged first)."""
+    def holds_all(self, size: int) -> bool:
+        """Whether every position of [0, size) is held. Counted (merged first) only once enough
+        were added since the last count to fill it, and a quarter as many as it found: a
+        count per add merged everything held each time (a segment one position short, added
+        to one repeat at a time, would cost a merge of it per add)."""
+        if self.since < max(size - self.counted, self.counted // 4, 1):
+            return False
         self.merge()
         if self.bits is not None:
-            return int(np.bitwise_count(self.bits).sum())
-        return len(self.parts[0]) if self.parts else 0
+            self.counted = int(np.bitwise_count(self.bits).sum())
+        else:
+            self.counted = len(self.parts[0]) if self.parts else 0
+        self.since = 0
+        return self.counted >= size
 
     def presence(self) -> "_Presence":
         self.merge()
@@ -601,7 +611,7 @@ class _Build:
         before = acc.nbytes
         acc.add(pos if self.rows.files else distinct(pos))
         self.nbytes += acc.nbytes - before
-        if self.extent is not None and acc.count() >= min(self.rows.span, self.extent - seg * self.rows.span):
+        if self.extent is not None and acc.holds_all(min(self.rows.span, self.extent - seg * self.rows.span)):
             self.full.add(seg)
 
     def wanted(self, shard: tuple[int, ...]) -> bool:
