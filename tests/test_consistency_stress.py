@@ -151,6 +151,9 @@ def _reader(lay: Layout, mnt: Path, chunks: dict, stop: threading.Event, tally: 
                     if e.errno == errno.EIO:
                         tally.add("eio")
                         continue
+                    if e.errno == errno.ESTALE:  # (the open and the kernel's one retry both met
+                        tally.add("estale")    # handles of other versions: docs/reliability.md)
+                        continue
                     tally.add("wrong", f"{mode} c/{chunk[0]}/{chunk[1]}: {e!r}")
                     continue
                 verdict = _judge(got, chunk, chunks, torn_allowed)
@@ -230,6 +233,10 @@ def test_random_rewrites_never_give_another_version_or_chunk(tmp_path, versions)
         print(name, dict(tally.counts))
     for name, tally in (("rename", renames), ("in place", in_place)):
         assert tally.counts["wrong"] == 0, f"{name}: {tally.counts['wrong']} wrong results, e.g. {tally.wrong}"
+        # ESTALE is a clean error, but a rare one: every open the kernel retries once (CI has
+        # seen 1 in ~13,000 opens; an open whose retry did not work would make it hundreds)
+        opens = sum(n for what, n in tally.counts.items() if what.split(":")[0] in ("whole", "part", "walk", "eio", "estale"))
+        assert tally.counts["estale"] <= max(2, opens // 5000), f"{name}: {tally.counts['estale']} ESTALE in {opens} opens"
         reads = sum(n for k, n in tally.counts.items() if k.split(":")[-1] in ("exact", "torn"))
         assert reads > 500, f"{name}: too few reads to mean anything: {dict(tally.counts)}"
     assert not stale, f"after the writer stopped, {len(stale)} chunks read other bytes than stored, e.g. {stale[:5]}"

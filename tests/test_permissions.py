@@ -18,6 +18,7 @@ import stat
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -1244,6 +1245,36 @@ async def test_a_change_right_after_a_change_is_seen_within_the_recheck(public_t
         await src.store.aclose()
 
 
+async def test_a_look_that_waits_for_a_busy_daemon_is_not_counted_as_costly(public_tmp, monkeypatch):
+    """FUSE-free: the check's share of the time counts the processor time of the store's
+    thread that looked (`LocalStore.look_cost`), not the time the look waited (for a worker
+    thread, or for the loop busy with a listing of thousands of shards: 0.4-0.9 s measured,
+    0.16-0.28 s of it looking; counted, the next check came 9-18 s later, and a row directory
+    narrowed meanwhile stayed open to others that long)."""
+    from zvfs.core import source as source_mod
+    from zvfs.core.source import open_source
+
+    root = public_tmp / "s"
+    _group(root)
+    src = await open_source(str(root))
+    checks: list[float] = []
+
+    async def waits_then_looks() -> bool:
+        checks.append(trio.current_time())
+        await trio.sleep(0.3)
+        src.store.look_cost = 0.002
+        return False
+
+    monkeypatch.setattr(src.store, "directories_changed", waits_then_looks)
+    try:
+        with trio.move_on_after(3 * source_mod.RECHECK + 1):
+            await src.watch_permissions(lambda: None)
+        gaps = [b - a for a, b in zip(checks, checks[1:])]
+        assert len(checks) >= 3 and max(gaps) < source_mod.RECHECK + 0.5, gaps
+    finally:
+        await src.store.aclose()
+
+
 # -- listings: no name shown that the store does not list to the reader ---------------------------
 #
 # The bits of a chunk directory decide who lists it and who looks names up in it. Before, every
@@ -1430,3 +1461,188 @@ async def test_which_store_directories_a_chunk_directory_stands_for(public_tmp):
             assert shown == {"0": 0o555, "1": 0o555, "2": 0o500, "3": 0o500}, (view, shown)
         finally:
             await opened.store.aclose()
+
+
+@pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
+async def test_numbered_subdirectories_kept_as_a_set_follow_the_store(public_tmp, reader, looked_at):
+    """FUSE-free: `learn_subdirs` (what an N5 chunk directory spanning thousands of row
+    directories learns their bits from: one scan of each parent): the distinct bits of the
+    subdirectories named by a number in the range, folded with the directories above them. A
+    chmod, an ACL, a row directory replaced by a symlink (its bits are its target's walk's:
+    closed), or a directory above narrowed, is a change at the next look; names outside the
+    range, not canonical numbers, or files, are not counted."""
+    root = public_tmp / "s"
+    for name in ("0", "1", "2", "3", "4"):
+        (root / "a/c" / name).mkdir(parents=True)
+    for name in ("7", "x", "01"):  # (outside the range, not a number, not as a grid names it)
+        (root / "a/c" / name).mkdir(mode=0o700)
+    (root / "a/c/5").write_bytes(b"a file: nothing below it")
+    (root / "a/c/5").chmod(0o600)
+    store = LocalStore(str(root))
+    _unwatched(store, looked_at == "stat each")
+    names = range(6)
+    try:
+        assert store.known_subdirs("a/c", names) is None
+        assert await store.learn_subdirs("a/c", names) == [(0, 0, 0o755)]
+        assert store.known_subdirs("a/c", names) == [(0, 0, 0o755)]
+        assert store.known_subdirs("a/c", range(8)) is None, "another range is not known"
+        assert not await store.directories_changed()
+        (root / "a/c/3").chmod(0o700)
+        assert await store.directories_changed(), "a row directory narrowed"
+        store.forget_directories()
+        assert sorted(await store.learn_subdirs("a/c", names)) == [(0, 0, 0o700), (0, 0, 0o755)]
+        assert not await store.directories_changed()
+        (root / "a/c/3").chmod(0o755)
+        assert await store.directories_changed(), "widened again"
+        store.forget_directories()
+        await store.learn_subdirs("a/c", names)
+        set_acl(root / "a/c/2", f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x")
+        assert await store.directories_changed(), "an ACL"
+        store.forget_directories()
+        got = await store.learn_subdirs("a/c", names)
+        assert len(got) == 2 and (0, 0, 0o755) in got, got
+        shutil.rmtree(root / "a/c/2")
+        (root / "a/c/2").symlink_to("1")
+        assert await store.directories_changed(), "a row directory replaced by a link"
+        store.forget_directories()
+        assert sorted(await store.learn_subdirs("a/c", names)) == [access.CLOSED, (0, 0, 0o755)]
+        (root / "a/c/2").unlink()
+        (root / "a/c/2").mkdir()
+        store.forget_directories()
+        assert await store.learn_subdirs("a/c", names) == [(0, 0, 0o755)]
+        assert not await store.directories_changed()
+        (root / "a").chmod(0o700)
+        assert await store.directories_changed(), "a directory above"
+        store.forget_directories()
+        assert await store.learn_subdirs("a/c", names) == [(0, 0, 0o700)], "folded with the directories above"
+        assert await store.learn_subdirs("a/c/0", names) == [], "no subdirectory"
+        assert await store.learn_subdirs("a/none", names) is None, "not a directory"
+    finally:
+        await store.aclose()
+
+
+async def test_numbered_subdirectories_are_scanned_again_only_when_an_event_names_them(public_tmp, monkeypatch):
+    """FUSE-free, with inotify: the set of a parent's numbered subdirectories is scanned again
+    at a look when an event names the parent or one of them, not when a look compares a
+    directory walked since (a listing of 4,100 shards walked hundreds below `c/` between two
+    looks, and each look scanned `c/`'s 4,100 entries again)."""
+    from zvfs.storage import local
+
+    root = public_tmp / "s"
+    for name in range(50):
+        (root / f"a/c/{name}").mkdir(parents=True)
+    scans = []
+    real = local.subdir_facts
+    monkeypatch.setattr(local, "subdir_facts", lambda *a: scans.append(a[0]) or real(*a))
+    store = LocalStore(str(root))
+    try:
+        assert await store.learn_subdirs("a/c", range(50)) == [(0, 0, 0o755)]
+        assert not await store.directories_changed()
+        scans.clear()
+        for name in range(10):
+            assert await store.learn_dir(f"a/c/{name}") is not None
+        assert not await store.directories_changed()
+        assert scans == [], "walks below it are no reason to scan it again"
+        (root / "a/c/42").chmod(0o700)
+        assert await store.directories_changed()
+        assert scans == [str(root / "a/c")], scans
+    finally:
+        await store.aclose()
+
+
+async def test_a_span_past_span_max_is_folded_from_its_parents(public_tmp, monkeypatch):
+    """FUSE-free, the N5 view of `test_which_store_directories_a_chunk_directory_stands_for`'s
+    cube with SPAN_MAX lowered: spans of more row directories than it are folded from a scan
+    of their parents (the same bits as walking each); past SPAN_MAX parents, shown closed."""
+    from zvfs.core.source import open_source
+    from zvfs.options import MountOptions
+    from zvfs.views import chunkbits
+
+    src = public_tmp / "cube.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=3)
+    g.create_array("a", shape=(8, 8, 8), shards=(4, 4, 4), chunks=(2, 2, 2), dtype="uint8", fill_value=0,
+                   compressors=None)[...] = 1
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    # `a` lists what every c/*/* lists (4 row directories, 2 parents), `a/0` every c/* (2, 1
+    # parent: `c`), a directory of files `a/0/j` every c/*/(j//2) (2, 2 parents); shown closed,
+    # `a` would be 0o511 (root's, and the search bits), the others 0o000
+    rounds = [(3, None, {"a": 0o555, "a/0/0": 0o555}),
+              (3, "a/c/0/1", {"a": 0o511, "a/0/2": 0o500, "a/0/0": 0o555}),  # (files' by a walk of each)
+              (1, None, {"a/0": 0o555, "a/0/2": 0o000, "a": 0o511}),
+              (1, "a/c/1", {"a/0": 0o500, "a/0/2": 0o000})]
+    for span_max, close, want in rounds:
+        monkeypatch.setattr(chunkbits, "SPAN_MAX", span_max)
+        if close:
+            (src / close).chmod(0o700)
+        opened = await open_source(str(src), MountOptions(view="n5"))
+        try:
+            got = {}
+            for path in want:
+                node = await opened.tree.resolve(path)
+                await node.ready()
+                got[path] = node.stamp().mode & 0o555
+            assert got == want, (span_max, {p: oct(m) for p, m in got.items()})
+        finally:
+            await opened.store.aclose()
+
+
+def test_an_n5_directory_spanning_thousands_of_row_directories_reads_as_the_store_says(public_tmp, reader):
+    """An array of 4,100 shard rows (`c/0` .. `c/4099`), mounted with allow_other in the N5
+    view, where each chunk directory spans every row directory (N5 paths name the last axis
+    first): a reader lists and reads it as the store lets them (before: shown closed to all
+    but root past 4,096 row directories); one row directory closed closes those directories
+    within a few seconds, and opened again, opens them."""
+    rows = 4100
+    src = public_tmp / "tall.zarr"
+    data = np.arange(1, rows * 2 + 1, dtype=np.uint16).reshape(rows, 2)  # (no chunk of the fill value: all stored)
+    g = zarr.open_group(str(src), mode="w", zarr_format=3)
+    g.create_array("a", shape=data.shape, shards=(1, 2), chunks=(1, 1), dtype="uint16", compressors=None)[...] = data
+    for p in [src, *src.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    assert len(list((src / "a/c").iterdir())) == rows
+    mnt = public_tmp / "mnt"
+    mnt.mkdir()
+    mnt.chmod(0o755)
+    with zvfs_mount(src, mnt, options=["allow_other", "view=n5"]) as m:
+        a = m / "a"
+        chunk = a / "1" / str(rows - 3)  # (N5: x/y, so chunk (rows - 3, 1) of the array)
+        as_root = chunk.read_bytes()
+        assert np.frombuffer(as_root[-2:], ">u2")[0] == data[rows - 3, 1], "the chunk's value, big-endian after its header"
+        r = as_reader("cat", chunk)
+        assert r.returncode == 0 and r.stdout == as_root, r.stderr.decode()[-500:]
+        seen = reader_sees([("names", a), ("names", a / "0")])
+        assert seen[("names", str(a))] == ["0", "1", "attributes.json"], seen[("names", str(a))]
+        assert len(seen[("names", str(a / "0"))]) == rows
+
+        def closed():
+            assert as_reader("cat", chunk).returncode != 0, "a row directory closed closes every N5 directory spanning it"
+            assert as_reader("test", "-r", a / "1").returncode != 0, "nor can it be listed"
+
+        def opened():
+            r = as_reader("cat", chunk)
+            assert r.returncode == 0 and r.stdout == as_root, r.stderr.decode()[-500:]
+            assert as_reader("test", "-r", a / "1").returncode == 0
+
+        # meanwhile root lists `a/0` again and again (4,100 shard indexes: seconds each), which
+        # keeps the daemon busy: the watch still looks every second (before, a look that waited
+        # for the busy loop counted as costly, and the next came 9-18 s later). (Not `a/1`:
+        # the kernel holds a directory's lock while it is read, and a lookup in it waits.)
+        stop = threading.Event()
+
+        def busy():
+            while not stop.is_set():
+                os.listdir(a / "0")
+
+        lister = threading.Thread(target=busy)
+        lister.start()
+        try:
+            time.sleep(1)
+            (src / "a/c" / str(rows - 1)).chmod(0o700)
+            _settle(closed, 4.0)
+            assert chunk.read_bytes() == as_root, "root still reads it"
+            (src / "a/c" / str(rows - 1)).chmod(0o755)
+            _settle(opened, 4.0)
+        finally:
+            stop.set()
+            lister.join()

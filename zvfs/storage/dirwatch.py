@@ -47,6 +47,8 @@ class DirectoryWatch:
         self._wd_of: dict[str, int] = {}
         self._again: set[str] = set()  # watched paths to watch again (maybe another inode now)
         self._polled: set[str] = set()  # paths compared at every look
+        #: the paths the events of the last look named (entries of a watched directory too)
+        self.evented: set[str] = set()
 
     def _instance(self) -> INotify | None:
         if self._inotify is None and not self._failed:
@@ -72,6 +74,7 @@ class DirectoryWatch:
         if inotify is None:
             return None
         compare: set[str] = set()
+        self.evented = evented = set()
         overflow = False
         try:
             events = inotify.read(timeout=0)
@@ -84,6 +87,7 @@ class DirectoryWatch:
             for base in self._paths_of.get(event.wd, ()):
                 path = os.path.join(base, event.name) if event.name else base
                 compare.add(path)
+                evented.add(path)
                 if event.mask & _REPLACED and path in self._wd_of:
                     self._again.add(path)
             if event.mask & flags.IGNORED:  # (the watch is gone: its inode was deleted)

@@ -113,7 +113,8 @@ import trio
 
 from ..errors import DirectoryTooLarge, ShardChanged, StorageError, TooManyOpen
 from . import leases
-from .access import CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach
+from .access import (CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach,
+                     subdir_facts)
 from .base import Entries, Entry, Pin, Store, Version, proof
 from .dirwatch import DirectoryWatch
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
@@ -148,6 +149,9 @@ LISTING_STEP = 256 << 10
 #: Subdirectories whose walks one listing teaches at most (a huge directory teaches none of
 #: its own: they are walked when used).
 CHILD_WALKS_KEPT = 1024
+#: Directories whose numbered subdirectories' facts are kept as one set (`known_subdirs`: a
+#: few bytes each, whatever the number of subdirectories)
+SUBDIRS_KEPT = 4096
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SLOW = object()  # "ask a worker thread"
@@ -765,6 +769,7 @@ class LocalStore(Store):
             self._walks = kept
             self._facts = {path: d for path, d in self._facts.items() if path in keep}
             self._reaches.clear()
+            self._subdirs.clear()
             self.generation += 1
         changed = learned = False
         for key, real, gates in walked.prefixes:
@@ -799,8 +804,11 @@ class LocalStore(Store):
         self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root) if self._root_here else CLOSED}
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
+        #: (real directory path, names) -> `subdir_facts` (`known_subdirs`), watched as `_facts` are
+        self._subdirs: dict[tuple[str, range], frozenset[Dir]] = {}
         self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
         self._looked: int | None = None  # the `generation` of the last look (`directories_changed`)
+        self.look_cost = 0.0  # processor seconds its thread took (`OpenSource.watch_permissions` spaces looks by it)
         self._mounts_looked: int | None = None  # the mount table's `version` then
         self._shown: set[str] = set()  # real paths of the directories the views show (`info`)
 
@@ -832,6 +840,7 @@ class LocalStore(Store):
         outside attacker measured the idle daemon at 4-5% of a core with a getxattr each, and
         3-6% with an lstat each; with inotify an idle look stats nothing.)"""
         now, mounts = self.generation, self._mounts.version()
+        self.look_cost = 0.0
         if now == self._looked and mounts == self._mounts_looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
             return False
         remount = mounts != self._mounts_looked  # (a mount over a directory hides the inode watched)
@@ -839,6 +848,7 @@ class LocalStore(Store):
         paths = (*self._above_paths, *self._facts, *gone)
         known = (*self._above, *self._facts.values(), *(CLOSED for _ in gone))
         shown = frozenset(self._shown)
+        subdirs = tuple(self._subdirs.items())
         seen = self._dir_ctimes
         if len(seen) > 2 * DIRS_KEPT:
             seen.clear()
@@ -867,28 +877,81 @@ class LocalStore(Store):
                     return True
                 if _settled(st):
                     seen[path] = st.st_ctime_ns
-            return False
+            # numbered subdirectories kept as a set: compared when their parent is (new, polled
+            # or named by an event), or an event names one of them (a watch on a directory
+            # reports its entries' chmod, chown and ACL changes, and their replacement), and at
+            # every look where nothing is watched (not for a walk of one new since: a listing
+            # of 4,100 shards made each look scan their 4,100 row directories again)
+            named = None if compare is None else compare | {p.rpartition("/")[0] for p in self._watch.evented}
+            return any((named is None or real in named) and subdir_facts(real, names, unwatched) != kids
+                       for (real, names), kids in subdirs)
 
-        found = await self._in_thread(self._lexical_mount(""), changed)
+        def timed() -> bool:
+            began = time.thread_time()
+            try:
+                return changed()
+            finally:
+                self.look_cost = time.thread_time() - began
+
+        found = await self._in_thread(self._lexical_mount(""), timed)
         self._looked, self._mounts_looked = now, mounts
         return found
 
-    def known_dir(self, key: str) -> tuple[int, int, int] | None:
-        """From the walks and facts kept (no I/O): the directory's facts, its bits less the
-        classes the directories searched on the way to it stop (as `info` shows it)."""
+    def _searched(self, key: str) -> list[Dir] | None:
+        """From the walks and facts kept (no I/O): the directories a reader searches to reach
+        store directory `key`, from / down, itself last; None if not known."""
         w = self._walks.get(key)
         own = None if w is None else self._facts.get(w[0])
         if own is None:
             return None
-        above = list(self._above)
+        path = list(self._above)
         for g in w[1]:
             if isinstance(g, str):
                 g = self._facts.get(g)  # type: ignore[assignment]
                 if g is None:
                     return None
-            above.append(g)  # type: ignore[arg-type]
-        uid, gid, mode = own
-        return uid, gid, mode & reach(above, uid, gid)
+            path.append(g)  # type: ignore[arg-type]
+        path.append(own)
+        return path
+
+    def known_dir(self, key: str) -> tuple[int, int, int] | None:
+        """From the walks and facts kept (no I/O): the directory's facts, its bits less the
+        classes the directories searched on the way to it stop (as `info` shows it)."""
+        path = self._searched(key)
+        if path is None:
+            return None
+        uid, gid, mode = path.pop()
+        return uid, gid, mode & reach(path, uid, gid)
+
+    def known_subdirs(self, key: str, names: range) -> list[Dir] | None:
+        """`known_dir` of the subdirectories of store directory `key` named by a number in
+        `names`, each distinct one once, from what `learn_subdirs` kept (no I/O); None if not
+        known."""
+        path = self._searched(key)
+        kids = None if path is None else self._subdirs.get((self._walks[key][0], names))
+        if kids is None:
+            return None
+        return [(uid, gid, mode & reach(path, uid, gid)) for uid, gid, mode in kids]  # type: ignore[arg-type]
+
+    async def learn_subdirs(self, key: str, names: range) -> list[Dir] | None:
+        """`known_subdirs`, from one scan of `key` when not known (a worker thread; a stat of
+        each entry, not a walk of each subdirectory: a chunk directory of the N5 view stands for
+        every row directory of an array, and arrays have tens of thousands); None when `key` is
+        not a directory. What it finds is kept and watched (`directories_changed`)."""
+        found = self.known_subdirs(key, names)
+        if found is not None or await self.learn_dir(key) is None:
+            return found
+        w = self._walks.get(key)
+        if w is None:
+            return None
+        kids = await self._in_thread(self._lexical_mount(key), subdir_facts, w[0], names, self._mounts.stalling_points())
+        if kids is None:
+            return None
+        if len(self._subdirs) >= SUBDIRS_KEPT:
+            self._subdirs.clear()
+        self._subdirs[w[0], names] = kids
+        self.generation += 1
+        return self.known_subdirs(key, names)
 
     async def learn_dir(self, key: str) -> tuple[int, int, int] | None:
         """Walked when not known: on the loop from the kernel's caches where it can

@@ -23,8 +23,11 @@ its walks and directory facts, looked at every second under allow_other, so a ro
 narrowed while mounted is followed as any other); a span not known yet is walked when its
 directory is made or shown (`learn`: on the loop from the kernel's caches, else a worker
 thread, once per directory), and the fold is kept per span until the store learns or forgets
-a directory (`Store.generation`). Nothing per chunk file: lookups and opens of files cost
-nothing more.
+a directory (`Store.generation`). A span of more than SPAN_MAX directories (an N5 directory of
+an array of 100 x 100 shard rows spans 10,000) is learned from one scan of each of their
+parents (`Store.learn_subdirs`: a stat of each entry, the distinct bits kept per parent and
+watched as walked directories are), for up to SPAN_MAX parents; past that it is shown closed to
+all but root. Nothing per chunk file: lookups and opens of files cost nothing more.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from ..tree.nodes import Stamp
 
 log = logging.getLogger("zvfs.view")
 
-#: store directories one view directory may stand for; past it the directory is shown closed
-#: to all but root. A span is walked once (then kept): 4096 row directories took 77-132 ms
-#: from the kernel's caches on the loop (19-32 us each; `known_dir` of one known: 1.2-1.6 us)
+#: store directories one view directory may stand for, walked one by one; past it, their
+#: parents, scanned (past both the directory is shown closed to all but root). A span is walked
+#: once (then kept): 4096 row directories took 77-132 ms from the kernel's caches on the loop
+#: (19-32 us each; `known_dir` of one known: 1.2-1.6 us)
 SPAN_MAX = 4096
 YIELD_EVERY = 256  # directories walked between checkpoints (other requests go on meanwhile)
 KEPT = 4096  # folds kept per array
@@ -78,16 +82,20 @@ class ChunkBits:
         fixed = {self.axes[i]: c // self.per[self.axes[i]] for i, c in enumerate(path)}
         return depth, tuple(fixed.get(a) for a in range(depth))
 
-    def members(self, key: Key) -> list[str] | None:
-        """The store directories of a span (None: more than SPAN_MAX)."""
-        depth, fixed = key
-        ranges = [range(self.shard_grid[a]) if c is None else (c,) for a, c in enumerate(fixed)]
+    def members(self, key: Key) -> tuple[list[str], range | None] | None:
+        """The store directories of a span: (the directories, None) of up to SPAN_MAX; past
+        that, (their parents, the numbers that name them in each) for up to SPAN_MAX parents
+        (`Store.known_subdirs`); None past both."""
+        _, fixed = key
+        ranges = [range(self.shard_grid[a]) if c is None else range(c, c + 1) for a, c in enumerate(fixed)]
         count = 1
         for r in ranges:
             count *= len(r)
-        if count > SPAN_MAX:
+        if count <= SPAN_MAX:
+            return [self.row_dir(prefix) for prefix in itertools.product(*ranges)], None  # type: ignore[misc]
+        if count // len(ranges[-1]) > SPAN_MAX:
             return None
-        return [self.row_dir(prefix) for prefix in itertools.product(*ranges)]  # type: ignore[misc]
+        return [self.row_dir(prefix) for prefix in itertools.product(*ranges[:-1])], ranges[-1]  # type: ignore[misc]
 
     def stamp(self, path: tuple[int, ...]) -> Stamp:
         """The stamp of the directory at `path` (no I/O): its span folded; closed to all but
@@ -113,13 +121,17 @@ class ChunkBits:
         assert store is not None
         if kept is not None and kept[0] == store.generation or self._fold(key, self.base()) is not None:
             return
-        members = self.members(key)
-        if members is None:
+        span = self.members(key)
+        if span is None:
             return
+        members, names = span
         absent = set()
         with trio.move_on_after(store.patience) as waited:  # (a hung mount below: shown closed, never a hang)
             for i, m in enumerate(members):
-                if store.known_dir(m) is None and await store.learn_dir(m) is None:
+                if names is None:
+                    if store.known_dir(m) is None and await store.learn_dir(m) is None:
+                        absent.add(m)
+                elif store.known_subdirs(m, names) is None and await store.learn_subdirs(m, names) is None:
                     absent.add(m)
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await trio.lowlevel.checkpoint()
@@ -134,25 +146,29 @@ class ChunkBits:
 
     def _fold(self, key: Key, base: Stamp) -> Stamp | None:
         """The span's stamp from what the store knows (kept), None if a member is not known."""
-        members = self.members(key)
+        span = self.members(key)
         store = self.store
         assert store is not None
-        if members is None:
+        if span is None:
             if key not in self._absent:
                 self._absent[key] = frozenset()
-                log.warning("%s: a chunk directory stands for more than %d store directories; shown closed",
-                            self.where or "/", SPAN_MAX)
+                log.warning("%s: a chunk directory stands for the row directories of more than %d store directories; "
+                            "shown closed", self.where or "/", SPAN_MAX)
             found = Stamp(0, base.mtime, base.uid, base.gid)
         else:
+            members, names = span
             absent = self._absent.get(key, frozenset())
             facts = []
             for m in members:
-                f = store.known_dir(m)
+                f = store.known_dir(m) if names is None else store.known_subdirs(m, names)
                 if f is None:
                     if m not in absent:
                         return None
                     continue
-                facts.append(f)
+                if names is None:
+                    facts.append(f)
+                else:
+                    facts.extend(f)  # type: ignore[arg-type]
             if not facts:  # (no store directory: nothing listed from it)
                 found = base
             else:
