@@ -1485,7 +1485,16 @@ async def test_numbered_subdirectories_kept_as_a_set_follow_the_store(public_tmp
         (root / "a/c/2").symlink_to("1")
         assert await store.directories_changed(), "a row directory replaced by a link"
         store.forget_directories()
-        assert sorted(await store.learn_subdirs("a/c", names)) == [access.CLOSED, (0, 0, 0o755)]
+        assert set(await store.learn_subdirs("a/c", names)) == {(0, 0, 0o755)}, "a link to an open row directory"
+        (root / "closed").mkdir(mode=0o700)
+        (root / "a/c/2").unlink()
+        (root / "a/c/2").symlink_to("../../closed")
+        store.forget_directories()  # (a link retargeted is followed anew at `zvfs refresh`)
+        assert set(await store.learn_subdirs("a/c", names)) == {(0, 0, 0o755), (0, 0, 0o700)}, "its target's bits"
+        (root / "a/c/2").unlink()
+        (root / "a/c/2").symlink_to("/etc")
+        store.forget_directories()
+        assert set(await store.learn_subdirs("a/c", names)) == {(0, 0, 0o755)}, "one leading outside lists nothing"
         (root / "a/c/2").unlink()
         (root / "a/c/2").mkdir()
         store.forget_directories()
@@ -1578,8 +1587,12 @@ def test_an_n5_directory_spanning_thousands_of_row_directories_reads_as_the_stor
     data = np.arange(1, rows * 2 + 1, dtype=np.uint16).reshape(rows, 2)  # (no chunk of the fill value: all stored)
     g = zarr.open_group(str(src), mode="w", zarr_format=3)
     g.create_array("a", shape=data.shape, shards=(1, 2), chunks=(1, 1), dtype="uint16", compressors=None)[...] = data
+    (src / "alt").mkdir()  # (a row directory that is a symlink: followed, as the kernel does)
+    (src / "a/c/2000").rename(src / "alt/2000")
+    (src / "a/c/2000").symlink_to("../../alt/2000")
     for p in [src, *src.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+        if not p.is_symlink():
+            p.chmod(0o755 if p.is_dir() else 0o644)
     assert len(list((src / "a/c").iterdir())) == rows
     mnt = public_tmp / "mnt"
     mnt.mkdir()
@@ -1591,6 +1604,8 @@ def test_an_n5_directory_spanning_thousands_of_row_directories_reads_as_the_stor
         assert np.frombuffer(as_root[-2:], ">u2")[0] == data[rows - 3, 1], "the chunk's value, big-endian after its header"
         r = as_reader("cat", chunk)
         assert r.returncode == 0 and r.stdout == as_root, r.stderr.decode()[-500:]
+        linked = as_reader("cat", a / "0/2000")
+        assert linked.returncode == 0 and linked.stdout == (a / "0/2000").read_bytes(), linked.stderr.decode()[-500:]
         seen = reader_sees([("names", a), ("names", a / "0")])
         assert seen[("names", str(a))] == ["0", "1", "attributes.json"], seen[("names", str(a))]
         assert len(seen[("names", str(a / "0"))]) == rows

@@ -206,22 +206,26 @@ def dir_facts(path: str, st: os.stat_result | None = None) -> Dir:
     return dir_of(st, acl_of(path) if needs_acl(stat.S_IMODE(st.st_mode)) else None)
 
 
-def subdir_facts(path: str, names: range, stalling: frozenset[str] = frozenset()) -> frozenset[Dir] | None:
+Subdirs = tuple[frozenset[Dir], tuple[str, ...]]
+
+
+def subdir_facts(path: str, names: range, stalling: frozenset[str] = frozenset()) -> Subdirs | None:
     """The distinct `dir_facts` of the subdirectories of real directory `path` (no symlink in
     it) named by a number in `names` (a chunk grid's row directories: `views/chunkbits.py`
     folds a span of thousands of them from one scan of their parent, not a walk of each),
-    CLOSED for one that is a symlink (its bits are those of its target's walk, not folded
-    here), a mount point that may stall (`stalling`: not looked at), or one that cannot be
-    looked at; files are no directories (nothing below them). None when `path` is not a
-    directory now (blocking: worker threads)."""
+    CLOSED for a mount point that may stall (`stalling`: not looked at) or one that cannot be
+    looked at; files are no directories (nothing below them); and the names of those that are
+    symlinks (their bits are those of their targets' walks: `LocalStore.learn_subdirs` walks
+    them). None when `path` is not a directory now (blocking: worker threads)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     found: set[Dir] = set()
+    links: list[str] = []
     try:
         if os.readlink(f"/proc/self/fd/{fd}") != path:  # (a directory on the way replaced by a link)
-            return frozenset((CLOSED,))
+            return frozenset((CLOSED,)), ()
         with os.scandir(fd) as it:
             for de in it:
                 name = de.name
@@ -236,14 +240,14 @@ def subdir_facts(path: str, names: range, stalling: frozenset[str] = frozenset()
                 except OSError:
                     continue  # gone meanwhile
                 if stat.S_ISLNK(st.st_mode):
-                    found.add(CLOSED)
+                    links.append(name)
                 elif stat.S_ISDIR(st.st_mode):
                     found.add(dir_of(st, acl_of(full) if needs_acl(stat.S_IMODE(st.st_mode)) else None))
     except OSError:
-        return frozenset((CLOSED,))
+        return frozenset((CLOSED,)), ()
     finally:
         os.close(fd)
-    return frozenset(found)
+    return frozenset(found), tuple(sorted(links))
 
 
 def link_gate(link: os.stat_result, parent: os.stat_result) -> Dir | None:

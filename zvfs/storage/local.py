@@ -113,8 +113,8 @@ import trio
 
 from ..errors import DirectoryTooLarge, ShardChanged, StorageError, TooManyOpen
 from . import leases
-from .access import (CLOSED, Dir, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks, reach,
-                     subdir_facts)
+from .access import (CLOSED, Dir, Subdirs, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks,
+                     reach, subdir_facts)
 from .base import Entries, Entry, Pin, Store, Version, proof
 from .dirwatch import DirectoryWatch
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
@@ -152,6 +152,9 @@ CHILD_WALKS_KEPT = 1024
 #: Directories whose numbered subdirectories' facts are kept as one set (`known_subdirs`: a
 #: few bytes each, whatever the number of subdirectories)
 SUBDIRS_KEPT = 4096
+#: Numbered subdirectories that are symlinks walked one by one for such a set; past it the set
+#: is closed to all but root (one log line)
+SUBDIR_LINKS_WALKED = 1024
 
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SLOW = object()  # "ask a worker thread"
@@ -804,8 +807,9 @@ class LocalStore(Store):
         self._facts: dict[str, Dir] = {self.real_root: dir_facts(self.real_root) if self._root_here else CLOSED}
         self._walks: dict[str, tuple[str, tuple[Gate, ...]]] = {"": (self.real_root, ())}
         self._reaches: dict[tuple[str, int, int], int] = {}  # (directory, owner, group) -> `reach`
-        #: (real directory path, names) -> `subdir_facts` (`known_subdirs`), watched as `_facts` are
-        self._subdirs: dict[tuple[str, range], frozenset[Dir]] = {}
+        #: (real directory path, names) -> (`subdir_facts`, the symlinks among them whose walks
+        #: reach a directory, None: too many) (`known_subdirs`), watched as `_facts` are
+        self._subdirs: dict[tuple[str, range], tuple[Subdirs, tuple[str, ...] | None]] = {}
         self._dir_ctimes: dict[str, int] = {}  # real directory path -> settled ctime its facts were checked at
         self._looked: int | None = None  # the `generation` of the last look (`directories_changed`)
         self.look_cost = 0.0  # processor seconds its thread took (`OpenSource.watch_permissions` spaces looks by it)
@@ -883,8 +887,8 @@ class LocalStore(Store):
             # every look where nothing is watched (not for a walk of one new since: a listing
             # of 4,100 shards made each look scan their 4,100 row directories again)
             named = None if compare is None else compare | {p.rpartition("/")[0] for p in self._watch.evented}
-            return any((named is None or real in named) and subdir_facts(real, names, unwatched) != kids
-                       for (real, names), kids in subdirs)
+            return any((named is None or real in named) and subdir_facts(real, names, unwatched) != scan
+                       for (real, names), (scan, _) in subdirs)
 
         def timed() -> bool:
             began = time.thread_time()
@@ -928,10 +932,19 @@ class LocalStore(Store):
         `names`, each distinct one once, from what `learn_subdirs` kept (no I/O); None if not
         known."""
         path = self._searched(key)
-        kids = None if path is None else self._subdirs.get((self._walks[key][0], names))
-        if kids is None:
+        kept = None if path is None else self._subdirs.get((self._walks[key][0], names))
+        if kept is None:
             return None
-        return [(uid, gid, mode & reach(path, uid, gid)) for uid, gid, mode in kids]  # type: ignore[arg-type]
+        (kids, _), links = kept
+        found = [(uid, gid, mode & reach(path, uid, gid)) for uid, gid, mode in kids]  # type: ignore[arg-type]
+        if links is None:
+            return [*found, CLOSED]
+        for name in links:  # (their own walks: the target's directories, as the kernel follows them)
+            linked = self.known_dir(f"{key}/{name}" if key else name)
+            if linked is None:
+                return None
+            found.append(linked)
+        return found
 
     async def learn_subdirs(self, key: str, names: range) -> list[Dir] | None:
         """`known_subdirs`, from one scan of `key` when not known (a worker thread; a stat of
@@ -944,12 +957,20 @@ class LocalStore(Store):
         w = self._walks.get(key)
         if w is None:
             return None
-        kids = await self._in_thread(self._lexical_mount(key), subdir_facts, w[0], names, self._mounts.stalling_points())
-        if kids is None:
+        scan = await self._in_thread(self._lexical_mount(key), subdir_facts, w[0], names, self._mounts.stalling_points())
+        if scan is None:
             return None
+        links = scan[1]
+        reached: tuple[str, ...] | None = None
+        if len(links) > SUBDIR_LINKS_WALKED:
+            self._warn_once(f"links {w[0]}", f"{w[0]}: more than {SUBDIR_LINKS_WALKED} row directories are symlinks: "
+                                             "the N5 directories that span them are shown closed to all but root")
+        else:  # a link walked to a directory counts as that directory; one that leads nowhere
+            # (outside the store, dangling, to a file) lists nothing, as in the store's listings
+            reached = tuple([n for n in links if await self.learn_dir(f"{key}/{n}" if key else n) is not None])
         if len(self._subdirs) >= SUBDIRS_KEPT:
             self._subdirs.clear()
-        self._subdirs[w[0], names] = kids
+        self._subdirs[w[0], names] = scan, reached
         self.generation += 1
         return self.known_subdirs(key, names)
 
