@@ -34,7 +34,7 @@ import pytest
 import trio
 
 from conftest import run_zvfs, zvfs_mount
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_fuzz_parsers import MemoryStore, bounded_allocation
 from test_gcs import cloud, gcs  # noqa: F401 - fixtures
@@ -408,6 +408,7 @@ ARCHIVE, FILES = small_archive()
 @FUZZ
 @given(st.lists(st.tuples(st.integers(0, len(ARCHIVE) - 1), st.integers(0, 255)), min_size=1, max_size=4),
        st.sampled_from([0, 1, 2, 8]))
+@example([(ARCHIVE.index(b"PK\x01\x02") + 24, 0)], 0)  # (the first entry's size 0 in the central directory: read as b"")
 def test_a_corrupted_archive_gives_its_bytes_or_an_error(changes, cut):
     """Random bytes of a small archive overwritten (the central directory and end records
     56% of its bytes are local headers, central directory and end records), its end cut at times: every entry reads as written, is absent,

@@ -137,7 +137,7 @@ def _plain(name: str) -> bool:
     return "\0" not in name and "\\" not in name and all(part not in ("", ".", "..") for part in name.removesuffix("/").split("/"))
 
 
-def _unreadable(flags: int, method: int, csize: int, usize: int, disk: int) -> tuple[str, bool] | None:
+def _unreadable(flags: int, method: int, csize: int, usize: int, disk: int, crc: int) -> tuple[str, bool] | None:
     """Why an entry cannot be read, and whether that is a lie (corrupt) or a limit; None if it can."""
     if disk != 0:
         return "on another disk", False
@@ -147,6 +147,8 @@ def _unreadable(flags: int, method: int, csize: int, usize: int, disk: int) -> t
         return f"compression method {method} (only stored and deflate are read)", False
     if method == STORED and csize != usize:
         return f"stored with {csize} bytes for {usize}", True
+    if usize == 0 and crc != 0:  # (an empty entry is read without its data: no CRC-32 check after)
+        return "empty, with the CRC-32 of some bytes", True
     return None
 
 
@@ -230,7 +232,7 @@ def parse_directory(cd: bytes, start: int, version: Version, budget: int) -> Dir
                 problem = ("ZIP64 sizes missing from its extra field", True)
             else:
                 usize, csize, lho, disk = big
-        problem = problem or _unreadable(flags, method, csize, usize, disk)
+        problem = problem or _unreadable(flags, method, csize, usize, disk, crc)
         if problem:
             problems[len(d.names)] = problem
         held += ENTRY_COST + len(name)
