@@ -1510,6 +1510,37 @@ async def test_numbered_subdirectories_kept_as_a_set_follow_the_store(public_tmp
         await store.aclose()
 
 
+async def test_a_walked_link_replaced_or_retargeted_is_a_change(public_tmp):
+    """FUSE-free, with inotify: a row directory that is a symlink into a 0700 directory, walked
+    (its walk is the target's), then replaced by an open directory, or by a link made beside it
+    and renamed over it (`ln -sfn`): a change at the next look (an outside attacker: replaced
+    by a directory, the zarr and zarr2 views stayed closed until `zvfs refresh`)."""
+    root = public_tmp / "s"
+    (root / "a/c/0").mkdir(parents=True)
+    (root / "closed/c1").mkdir(parents=True)
+    (root / "closed").chmod(0o700)
+    (root / "a/c/1").symlink_to("../../closed/c1")
+    store = LocalStore(str(root))
+    try:
+        assert (await store.learn_dir("a/c/1"))[2] == 0o700
+        assert not await store.directories_changed()
+        (root / "a/c/1").unlink()
+        (root / "a/c/1").mkdir()
+        assert await store.directories_changed(), "a link replaced by a directory"
+        store.forget_directories()
+        shutil.rmtree(root / "a/c/1")
+        (root / "a/c/1").symlink_to("../../closed/c1")
+        assert (await store.learn_dir("a/c/1"))[2] == 0o700
+        assert not await store.directories_changed()
+        (root / "a/c/1.new").symlink_to("0")
+        os.replace(root / "a/c/1.new", root / "a/c/1")
+        assert await store.directories_changed(), "a link retargeted by a rename over it"
+        store.forget_directories()
+        assert (await store.learn_dir("a/c/1"))[2] == 0o755
+    finally:
+        await store.aclose()
+
+
 async def test_numbered_subdirectories_are_scanned_again_only_when_an_event_names_them(public_tmp, monkeypatch):
     """FUSE-free, with inotify: the set of a parent's numbered subdirectories is scanned again
     at a look when an event names the parent or one of them, not when a look compares a

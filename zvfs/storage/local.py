@@ -853,6 +853,7 @@ class LocalStore(Store):
         known = (*self._above, *self._facts.values(), *(CLOSED for _ in gone))
         shown = frozenset(self._shown)
         subdirs = tuple(self._subdirs.items())
+        walks, inside = self._walks, self._inside_prefix
         seen = self._dir_ctimes
         if len(seen) > 2 * DIRS_KEPT:
             seen.clear()
@@ -864,6 +865,12 @@ class LocalStore(Store):
             compare = self._watch.to_compare(paths, unwatched)
             if self._root_is_here() != self._root_here:
                 return True
+            if compare is not None:  # a walked name that a symlink led elsewhere, named by an event:
+                # the link removed, replaced (by a directory too) or retargeted by a rename over it
+                for path in self._watch.evented:
+                    w = walks.get(path[len(inside):]) if path.startswith(inside) else None
+                    if w is not None and w[0] != path:
+                        return True
             for path, was in zip(paths, known):
                 if compare is not None and path not in compare:
                     continue
