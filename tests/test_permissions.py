@@ -875,18 +875,24 @@ def test_directories_narrowed_or_widened_while_mounted_follow_the_store(public_t
     mnt.mkdir()
     mnt.chmod(0o755)
     rng = random.Random(f"{view}-{time.time_ns()}")
-    with zvfs_mount(s, mnt, options=["allow_other", f"view={view}"]):
+    daemon_log = public_tmp / "zvfs.log"
+    with zvfs_mount(s, mnt, options=["allow_other", f"view={view}"], log=daemon_log):
         assert _compare(s, mnt, view)["readable"] > 0
-        for _ in range(5):
+        state = {d: "open" for d in levels}
+        for n in range(5):
             for d in rng.sample(levels, rng.randint(1, 3)):
-                how = rng.choice(["0700", "deny", "open", "open"])
+                how = state[d] = rng.choice(["0700", "deny", "open", "open"])
                 if how == "deny":
                     set_acl(d, f"u::rwx,u:{reader}:---,g::r-x,m::r-x,o::r-x")
                 else:
                     set_acl(d, "u::rwx,g::r-x,o::r-x")
                     d.chmod(0o700 if how == "0700" else 0o755)
             started = time.monotonic()
-            got = _settle(lambda: _compare(s, mnt, view), 6.0)
+            try:
+                got = _settle(lambda: _compare(s, mnt, view), 6.0)
+            except AssertionError as e:  # (what was changed, and when the daemon saw it)
+                changed = " ".join(f"{d.relative_to(s)}={how}" for d, how in state.items())
+                raise AssertionError(f"round {n} ({changed}): {e}\n{daemon_log.read_text()[-3000:]}") from None
             log = [f"{d.relative_to(public_tmp)}={oct(d.stat().st_mode & 0o777)}" for d in levels]
             print(f"{view}: matched the store after {time.monotonic() - started:.1f} s ({got}; {' '.join(log)})")
 
