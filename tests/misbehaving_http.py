@@ -21,6 +21,10 @@ answers misbehave before it serves correctly again, None = always):
   Accept-Encoding said, whose body (as long as the range) is a gzip bomb: ~1,000 times its
   size in zeros once decoded
 
+Directory pages (index pages of links, as nginx's autoindex) are right, but for the directory
+named by `endless_index` (a URL path ending in "/"): a page of links without Content-Length
+that never ends (`extra` bytes at most), as an attacker's server could send.
+
 Independently, `token` requires `?token=<token>` on every request (403 otherwise) and `auth`
 requires that Authorization header (401 otherwise). Every request is recorded (`seen`): path,
 query, headers, so tests can check what reached which server.
@@ -60,6 +64,7 @@ class MisbehavingHTTP:
         self.token: str | None = None
         self.auth: str | None = None
         self.redirect_to: str | None = None
+        self.endless_index: str | None = None
         self.extra = 1 << 30  # bytes past the range asked for, in modes long and endless
         self._bombs: dict[int, bytes] = {}
         self.port = free_port()
@@ -118,6 +123,8 @@ class MisbehavingHTTP:
                 if server.auth is not None and self.headers.get("Authorization") != server.auth:
                     return self._send(401, {"WWW-Authenticate": 'Basic realm="zvfs"'}, b"", head)
                 path = server.root / unquote(parts.path).lstrip("/")
+                if path.is_dir() and parts.path == server.endless_index and not head:
+                    return self._endless_index()
                 if path.is_dir():
                     links = "".join(f'<a href="{quote(p.name)}{"/" if p.is_dir() else ""}">{html.escape(p.name)}</a>\n'
                                     for p in sorted(path.iterdir()))
@@ -166,6 +173,21 @@ class MisbehavingHTTP:
                     self.close_connection = True
                     return
                 self._send(206, headers, body)
+
+            def _endless_index(self) -> None:
+                self.close_connection = True
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                try:
+                    sent, n = 0, 0
+                    while sent < server.extra:
+                        page = "".join(f'<a href="f{i:09d}">f{i:09d}</a>\n' for i in range(n, n + 20000)).encode()
+                        self.wfile.write(page)
+                        sent, n = sent + len(page), n + 20000
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def _too_much(self, mode: str, headers: dict, body: bytes) -> None:
                 self.close_connection = True

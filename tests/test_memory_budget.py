@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,96 @@ def test_an_object_store_body_longer_than_asked_for_is_eio_within_the_budget(sto
     print(f"\n{kind} longer body: daemon peak RSS {peak >> 20} MiB")
     assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
     assert "more than the 1048576 bytes asked for" in log.read_text()
+
+
+@pytest.mark.parametrize("links", [10 ** 6, None], ids=["a million links", "endless"])
+def test_an_index_page_past_the_budget_is_eio_within_it(store, tmp_path, links):
+    """A directory whose index page (a store over HTTP lists directories by their pages'
+    links) never ends, or holds a million links, with no Content-Length: EIO for its listing,
+    one log line naming the option, the daemon under 256 MiB, and a directory of 20,000 names
+    beside it lists whole (before: the page was read whole, then every link parsed and kept)."""
+    root, _ = store
+    served = tmp_path / "served"
+    shutil.copytree(root, served / root.name)
+    for name in ("misc", "many"):
+        (served / root.name / name).mkdir()
+    (served / root.name / "misc" / "notes.txt").write_text("notes")
+    many = {f"n{i:06d}" for i in range(20000)}
+    for name in many:
+        (served / root.name / "many" / name).touch()
+    server = MisbehavingHTTP(served).start()
+    server.endless_index = f"/{root.name}/misc/"
+    if links is not None:
+        server.extra = links * len('<a href="f000000000">f000000000</a>\n')
+    log = tmp_path / "zvfs.log"
+    try:
+        with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=log, options=(BUDGET,)) as mnt:
+            t = time.monotonic()
+            try:
+                os.listdir(mnt / "misc")
+                got = None
+            except OSError as e:
+                got = e.errno
+            took = time.monotonic() - t
+            peak = vm_hwm(daemon_pid(mnt))
+            listed = set(os.listdir(mnt / "many"))
+    finally:
+        server.stop()
+    print(f"\nindex page of {links or 'endless'} links: {got} after {took:.1f} s, daemon peak RSS {peak >> 20} MiB")
+    assert got == errno.EIO
+    assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+    assert listed == many
+    assert "-o memory=" in log.read_text()
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+async def test_object_store_listings_are_read_page_by_page_within_the_budget(tmp_path, kind):
+    """S3 (moto) and GCS (fake-gcs-server) listings of 2,100 names (three pages of 1,000) are
+    counted in the listing budget page by page: under a budget they pass, DirectoryTooLarge
+    (naming the option) after two list requests, not three, and nothing stays counted; under
+    a larger one every name, directory and size, as the bucket holds. A key and an absent
+    prefix list as nothing (before: s3fs's and gcsfs's listings were read whole, then kept in
+    their own listings caches)."""
+    from zvfs.errors import DirectoryTooLarge
+    from zvfs.options import parse_options, storage_options
+    from zvfs.storage.open import open_store
+
+    files = {f"big/{i:04d}-{'x' * 34}": b"y" * (i % 7) for i in range(2099)} | {"big/sub/one": b"1", "k": b"kk"}
+    for name, data in files.items():
+        (tmp_path / "d" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "d" / name).write_bytes(data)
+    server = S3().start() if kind == "s3" else GCS(tmp_path / "gcs").start()
+    try:
+        url = server.upload(tmp_path / "d", "listings", "p")
+        options = [f"endpoint={server.endpoint if kind == 's3' else server.url}", *(("anon",) if kind == "gcs" else ())]
+        opts = storage_options(kind.replace("gcs", "gs"), parse_options([",".join(options)]))
+        for limit in (200 << 10, 4 << 20):
+            store = open_store(url, storage_options=opts, readahead=0, max_listing=limit)
+            pages = []
+            if kind == "s3":
+                call = type(store.fs)._call_s3.__get__(store.fs)  # (fsspec shares instances)
+                store.fs._call_s3 = lambda method, *a, **kw: (pages.append(method), call(method, *a, **kw))[1]
+            else:
+                call = type(store.fs)._call_list_objects.__get__(store.fs)
+                store.fs._call_list_objects = lambda *a, **kw: (pages.append(kw), call(*a, **kw))[1]
+            try:
+                if limit < 1 << 20:
+                    with pytest.raises(DirectoryTooLarge, match="raise it to list it"):
+                        await store.list("big")
+                    assert len([p for p in pages if p != "head_object"]) == 2
+                    assert store.listing_budget.held == 0
+                    continue
+                listed = {e.name: (e.is_dir, e.size) for e in await store.list("big")}
+                assert len([p for p in pages if p != "head_object"]) == 3
+                assert listed == {n.split("/")[1]: (False, len(d)) for n, d in files.items()
+                                  if n.startswith("big/") and n.count("/") == 1} | {"sub": (True, 0)}
+                assert await store.list("k") is None and await store.list("none") is None
+                assert sorted(e.name for e in await store.list("")) == ["big", "k"]
+                assert store.listing_budget.held == 0
+            finally:
+                await store.aclose()
+    finally:
+        server.stop()
 
 
 async def test_encoded_answers_reach_zvfs_as_sent(store):

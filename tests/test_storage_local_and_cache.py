@@ -330,7 +330,7 @@ def test_local_listings_under_way_share_the_memory_budget(tmp_path):
     import os
 
     from zvfs.errors import DirectoryTooLarge
-    from zvfs.storage.local import LISTED_ENTRY
+    from zvfs.storage.base import LISTED_ENTRY
 
     names = [f"f{i:06d}" for i in range(20_000)]
     (tmp_path / "a").mkdir()
@@ -341,17 +341,17 @@ def test_local_listings_under_way_share_the_memory_budget(tmp_path):
 
     async def main() -> None:
         assert sorted(e.name for e in await store.list("a")) == names
-        store._take_listing("elsewhere", 0, 0, one)  # another listing under way, as large
+        store.listing_budget.take("elsewhere", 0, one)  # another listing under way, as large
         with pytest.raises(DirectoryTooLarge, match="held by other listings under way"):
             await store.list("a")
-        assert store._listings_held == one
-        store._listings_held -= one  # (that listing done)
+        assert store.listing_budget.held == one
+        store.listing_budget.give_back(one)  # (that listing done)
         assert len(await store.list("a")) == len(names)
-        assert store._listings_held == 0
+        assert store.listing_budget.held == 0
         small = LocalStore(str(tmp_path), max_listing=one // 2)
         with pytest.raises(DirectoryTooLarge, match="raise it to list it"):
             await small.list("a")
-        assert small._listings_held == 0
+        assert small.listing_budget.held == 0
 
     trio.run(main)
 

@@ -104,7 +104,6 @@ import logging
 import os
 import stat
 import struct
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -115,7 +114,7 @@ from ..errors import DirectoryTooLarge, ShardChanged, StorageError, TooManyOpen
 from . import leases
 from .access import (CLOSED, Dir, Subdirs, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks,
                      reach, subdir_facts)
-from .base import Entries, Entry, Pin, Store, Version, proof
+from .base import LISTED_ENTRY, LISTING_STEP, Entries, Entry, ListingBudget, Pin, Store, Version, proof
 from .dirwatch import DirectoryWatch
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
 from .walk import Gate, Walked, join, resolve
@@ -139,13 +138,6 @@ SETTLE_NS = 2_000_000_000
 #: (60,000 row directories listed one by one: 29 MiB held at 1 << 16, 5 MiB at 1 << 14,
 #: memory=2G, FUSE-free), so what they hold stays a small part of any memory budget.
 DIRS_KEPT = 1 << 14
-#: bytes a local listing takes per entry besides its name (`Entries`: 158 for names of 16
-#: characters, tracemalloc): the listings under way are held within the memory budget
-#: together (`max_listing`), so neither a directory of a million names nor several of 450,000
-#: listed at once take the daemon past it
-LISTED_ENTRY = 142
-#: bytes a listing counts at once (a directory of fewer than ~1,500 names counts nothing)
-LISTING_STEP = 256 << 10
 #: Subdirectories whose walks one listing teaches at most (a huge directory teaches none of
 #: its own: they are walked when used).
 CHILD_WALKS_KEPT = 1024
@@ -412,11 +404,7 @@ class LocalStore(Store):
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False,
                  max_listing: int | None = None):
         self.root = os.path.abspath(root)
-        #: bytes the listings under way may take together (`LISTED_ENTRY` an entry plus its
-        #: name), None: any; what they take now
-        self.max_listing = max_listing
-        self._listings_held = 0
-        self._listings_lock = threading.Lock()
+        self.listing_budget = ListingBudget(max_listing)
         self.display = self.root
         self.real_root = os.path.realpath(root)
         self._inside_prefix = self.real_root.rstrip("/") + "/"
@@ -1273,7 +1261,7 @@ class LocalStore(Store):
             return None
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from None
-        taken = owed = 0  # bytes of this listing counted in `_listings_held`, and not yet
+        taken = owed = 0  # bytes of this listing counted in `listing_budget`, and not yet
         try:
             real = os.readlink(f"/proc/self/fd/{fd}")
             if not self._inside(real):
@@ -1328,7 +1316,7 @@ class LocalStore(Store):
                     is_dir = stat.S_ISDIR(st.st_mode)
                     owed += LISTED_ENTRY + len(de.name)
                     if owed >= LISTING_STEP:
-                        self._take_listing(path, len(out), taken, owed)
+                        self.listing_budget.take(f"{path}: a directory of more than {len(out):,} entries", taken, owed)
                         taken, owed = taken + owed, 0
                     if is_dir and (st.st_dev, st.st_ino) in ancestors:
                         name = f"{path}/{de.name}"
@@ -1367,19 +1355,7 @@ class LocalStore(Store):
         finally:
             os.close(fd)
             if taken:
-                with self._listings_lock:
-                    self._listings_held -= taken
-
-    def _take_listing(self, path: str, entries: int, taken: int, more: int) -> None:
-        """Count `more` bytes of a listing under way (worker thread) in what all listings
-        under way hold, or refuse it (DirectoryTooLarge) if that would pass `max_listing`."""
-        with self._listings_lock:
-            others = self._listings_held - taken
-            if self.max_listing is not None and self._listings_held + more > self.max_listing:
-                besides = f", {others >> 20} MiB of it held by other listings under way" if others >= 1 << 20 else ""
-                raise DirectoryTooLarge(f"{path}: a directory of more than {entries:,} entries: its listing would take more "
-                                        f"than the {self.max_listing >> 20} MiB of -o memory={besides} (raise it to list it)")
-            self._listings_held += more
+                self.listing_budget.give_back(taken)
 
     async def aclose(self) -> None:
         for o in self._fds.values():

@@ -26,8 +26,8 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     cache, and with `cache_dir` over a persistent disk cache of `cache_size` bytes (diskcache.py;
     local stores have none: they are on disk already). A local file, or a URL named `.zip` or
     `.ozx`, is a zip archive (zipstore.py: its central directory held within `max_directory`
-    bytes, deflated entries kept in `inflated`); a local directory's listing is held within
-    `max_listing` bytes."""
+    bytes, deflated entries kept in `inflated`); the listings under way are held within
+    `max_listing` bytes together."""
     if "://" not in source or source.startswith("file://"):
         path = source.removeprefix("file://")
         if not os.path.exists(path):
@@ -58,7 +58,7 @@ def open_store(source: str, max_requests: int = 16, storage_options: dict | None
     except (ImportError, ValueError) as e:
         raise MetadataError(redact(source), f"cannot open: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     store: Store = FsspecStore(fs, root, display=redact(source), max_requests=max_requests, deadline=deadline,
-                               request_timeout=request_timeout)
+                               request_timeout=request_timeout, max_listing=max_listing)
     if cache_dir:
         import sqlite3
 

@@ -48,19 +48,20 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import itertools
 import logging
 import random
 import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 import stamina
 import trio
 
 from ..errors import ShardChanged, StorageError
-from .base import VERSIONS_KEPT, Entry, SeenVersions, Store, Version
+from .base import LISTED_ENTRY, LISTING_STEP, VERSIONS_KEPT, Entry, ListingBudget, SeenVersions, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 #: stamina logs a bare "stamina.retry_scheduled" warning per retry; ours (debug) names the key
@@ -220,8 +221,9 @@ def strong_etag(version: Version | None) -> str | None:
 
 class FsspecStore(Store):
     def __init__(self, fs, root: str, display: str, max_requests: int = 16, deadline: float = 30.0,
-                 request_timeout: float = 20.0):
+                 request_timeout: float = 20.0, max_listing: int | None = None):
         self.fs = fs
+        self.listing_budget = ListingBudget(max_listing)
         self.display = display
         self.deadline = deadline
         self.request_timeout = request_timeout
@@ -436,9 +438,22 @@ class FsspecStore(Store):
         return int(info["size"])
 
     async def list(self, prefix: str) -> list[Entry] | None:
+        """The names under `prefix`, None if there is nothing there (or it is a key). Held within
+        the listing budget as they come, as a local store's (`_Listed`): HTTP index pages and
+        S3 and GCS listings are read a piece or a page at a time, so a directory past the
+        budget is DirectoryTooLarge before it is all read (issue 22: an index page that never
+        ended took the daemon to 853 MiB under memory=64M, one of a million links to 609 MiB).
+        Other fsspec backends list whole, then are counted."""
         if self.http:
             return await self._http_list(prefix)
         path = self._path(prefix)
+        if self.s3 or self.gcs:
+            lister = self._s3_list if self.s3 else self._gcs_list
+            try:
+                found = await self._run(prefix, lambda: _on_loop(self._loop, lambda: lister(prefix, path)))
+            except MISSING:
+                return None
+            return found or None  # (object stores have no empty directories)
         try:
             infos = await self._run(prefix, lambda: self._backend(lambda: self.fs._ls(path, detail=True),
                                                                   lambda: self.fs.ls(path, detail=True)))
@@ -446,46 +461,101 @@ class FsspecStore(Store):
             return None
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
             return None  # a key, not a prefix
-        out = []
-        for info in infos:
-            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-            if not name or info["name"].rstrip("/") == path:
-                continue
-            is_dir = info.get("type") == "directory"
-            size = info.get("size")
-            out.append(Entry(name, is_dir, 0 if is_dir else (None if size is None else int(size))))
-            if not is_dir and size is not None:
-                self._listed[f"{prefix.strip('/')}/{name}".lstrip("/")] = int(size)
-                if len(self._listed) > VERSIONS_KEPT:
-                    self._listed.popitem(last=False)
-        return out
+        with _Listed(self, prefix) as out:
+            for info in infos:
+                if info["name"].rstrip("/") != path:
+                    self._add_info(out, prefix, info)
+            return out.entries()
+
+    def _add_info(self, out: _Listed, prefix: str, info: dict) -> None:
+        """One fsspec info dict of a listing of `prefix`, into `out` (its size kept for `_known_size`)."""
+        name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+        if not name:
+            return
+        is_dir = info.get("type") == "directory"
+        size = info.get("size")
+        out.add(name, is_dir, 0 if is_dir else (None if size is None else int(size)))
+        if not is_dir and size is not None:
+            self._listed[f"{prefix.strip('/')}/{name}".lstrip("/")] = int(size)
+            if len(self._listed) > VERSIONS_KEPT:
+                self._listed.popitem(last=False)
+
+    async def _s3_list(self, prefix: str, path: str) -> list[Entry]:
+        """A listing of `prefix` page by page (s3fs's `_iterdir`: list_objects_v2 with a
+        delimiter, 1,000 keys a page), on fsspec's loop; not kept in s3fs's own listings cache."""
+        bucket, key, _ = self.fs.split_path(path)
+        with _Listed(self, prefix) as out:
+            try:
+                async for info in self.fs._iterdir(bucket, prefix=f"{key.rstrip('/')}/" if key else ""):
+                    self._add_info(out, prefix, {**info, "name": info["Key"]})
+            except Exception as e:
+                if _status(e) == 404:  # no such bucket (s3fs's own listing says FileNotFoundError)
+                    raise FileNotFoundError(path) from None
+                raise
+            return out.entries()
+
+    async def _gcs_list(self, prefix: str, path: str) -> list[Entry]:
+        """A listing of `prefix` page by page (the JSON API's objects.list with a delimiter,
+        1,000 names a page, through gcsfs's `_call_list_objects`), on fsspec's loop."""
+        bucket, key, _ = self.fs.split_path(path)
+        where = f"{key.rstrip('/')}/" if key else None
+        token = None
+        with _Listed(self, prefix) as out:
+            while True:
+                page = await self.fs._call_list_objects(bucket, delimiter="/", prefix=where, maxResults=1000,
+                                                        pageToken=token)
+                for sub in page.get("prefixes", []):
+                    self._add_info(out, prefix, {"name": sub, "type": "directory"})
+                for item in page.get("items", []):
+                    self._add_info(out, prefix, {"name": item["name"], "type": "file", "size": item.get("size")})
+                token = page.get("nextPageToken")
+                if not token:
+                    return out.entries()
 
     async def _http_list(self, prefix: str) -> list[Entry] | None:
         """The links of a directory's index page (nginx autoindex, Apache, S3 website...)."""
         base = f"{self.root}/{prefix}".rstrip("/") + "/"
         url = base + (f"?{self.query}" if self.query else "")
         try:
-            infos = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._ls_real(url, detail=True)))
+            return await self._run(prefix, lambda: _on_loop(self._loop, lambda: self._http_index(prefix, url, base)))
         except MISSING:
             return None
-        joined = url.rstrip("/") + "/"  # fsspec joins relative links to the URL as given
-        base_path = urlsplit(base).path
-        out: dict[str, Entry] = {}
-        for info in infos:
-            link = info["name"]
-            if link.startswith(joined):
-                rel = link[len(joined):]
-            else:
-                rel = urlsplit(link).path
+
+    async def _http_index(self, prefix: str, url: str, base: str) -> list[Entry]:
+        """One GET of an index page (on fsspec's loop), read a piece at a time within the listing
+        budget, which counts it twice (its bytes, then its text), and the names it links to
+        below `base`, counted as they are found. The links are those fsspec's HTTP listing
+        finds (its patterns: `<a href=...>` and bare http(s) URLs), joined to the page's URL
+        as a browser does."""
+        from fsspec.implementations.http import ex, ex2
+
+        with _Listed(self, prefix) as out:
+            async with _on_asyncio(self._http_open("GET", url, {"Accept-Encoding": "identity"})) as r:
+                if r.status in (404, 410):
+                    raise FileNotFoundError(url)
+                if r.status != 200:
+                    raise HttpStatus(r.status, _redact_url(url))
+                encoding = r.headers.get("Content-Encoding")
+                if encoding and encoding.strip().lower() != "identity":
+                    raise BadAnswer(f"{_redact_url(url)}: the index page is encoded (Content-Encoding: {encoding[:40]})")
+                if r.headers.get("Content-Type", "text/html").partition(";")[0].strip().lower() != "text/html":
+                    return []
+                parts = []
+                while part := await r.content.read(PIECE):
+                    out.count(2 * len(part), "whose index page is more than {size} bytes")
+                    parts.append(part)
+            text = b"".join(parts).decode("utf-8", errors="ignore")
+            del parts
+            base_path = urlsplit(base).path
+            for m in itertools.chain(ex2.finditer(text), ex.finditer(text)):
+                rel = urlsplit(urljoin(url, m.group("url"))).path
                 if not rel.startswith(base_path):
                     continue
                 rel = rel[len(base_path):]
-            rel = rel.split("?", 1)[0].lstrip("/")
-            name = unquote(rel.split("/", 1)[0])  # index pages link to quoted names ("1%3A0")
-            if name and name not in (".", ".."):
-                is_dir = "/" in rel
-                out[name] = Entry(name, is_dir, 0 if is_dir else None)
-        return list(out.values())
+                name = unquote(rel.split("/", 1)[0])  # index pages link to quoted names ("1%3A0")
+                if name and name not in (".", ".."):
+                    out.add(name, "/" in rel, 0 if "/" in rel else None)
+            return out.entries()
 
     # -- HTTP(S)
 
@@ -748,6 +818,41 @@ async def _read_exactly(read: Callable[[int], Awaitable[bytes]], n: int, url: st
         if keep:
             parts.append(part)
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class _Listed:
+    """The entries of one listing under way, counted in the store's listing budget as they
+    come (`LISTED_ENTRY` an entry plus its name, as a local listing's) and given back when it
+    ends: a listing past the budget is DirectoryTooLarge (EIO, one line naming the option)
+    before it is all read. One per attempt (a retried listing starts again)."""
+
+    def __init__(self, store: FsspecStore, prefix: str):
+        self.budget = store.listing_budget
+        self.path = f"{store.display}/{prefix}".rstrip("/")
+        self.found: dict[str, Entry] = {}
+        self.taken = self.owed = self.size = 0
+
+    def __enter__(self) -> _Listed:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.budget.give_back(self.taken)
+
+    def count(self, more: int, what: str = "of more than {entries:,} entries") -> None:
+        self.owed += more
+        self.size += more
+        if self.owed >= LISTING_STEP:
+            self.budget.take(f"{self.path}: a directory {what.format(entries=len(self.found), size=self.size)}",
+                             self.taken, self.owed)
+            self.taken, self.owed = self.taken + self.owed, 0
+
+    def add(self, name: str, is_dir: bool, size: int | None) -> None:
+        if name not in self.found:
+            self.found[name] = Entry(name, is_dir, size)
+            self.count(LISTED_ENTRY + len(name))
+
+    def entries(self) -> list[Entry]:
+        return list(self.found.values())
 
 
 class _on_asyncio:
