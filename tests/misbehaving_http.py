@@ -25,6 +25,9 @@ Directory pages (index pages of links, as nginx's autoindex) are right, but for 
 named by `endless_index` (a URL path ending in "/"): a page of links without Content-Length
 that never ends (`extra` bytes at most), as an attacker's server could send.
 
+`extra_links` adds HTML to the index pages of the directories it names (links a real
+directory could not hold: names with `/`, NUL, or over 255 bytes).
+
 Independently, `token` requires `?token=<token>` on every request (403 otherwise) and `auth`
 requires that Authorization header (401 otherwise). Every request is recorded (`seen`): path,
 query, headers, so tests can check what reached which server.
@@ -65,6 +68,7 @@ class MisbehavingHTTP:
         self.auth: str | None = None
         self.redirect_to: str | None = None
         self.endless_index: str | None = None
+        self.extra_links: dict[str, str] = {}  # URL path of a directory -> HTML put on its index page
         self.extra = 1 << 30  # bytes past the range asked for, in modes long and endless
         self._bombs: dict[int, bytes] = {}
         self.port = free_port()
@@ -127,7 +131,7 @@ class MisbehavingHTTP:
                     return self._endless_index()
                 if path.is_dir():
                     links = "".join(f'<a href="{quote(p.name)}{"/" if p.is_dir() else ""}">{html.escape(p.name)}</a>\n'
-                                    for p in sorted(path.iterdir()))
+                                    for p in sorted(path.iterdir())) + server.extra_links.get(parts.path, "")
                     return self._send(200, {"Content-Type": "text/html"}, links.encode(), head)
                 if not path.is_file():
                     return self._send(404, {}, b"", head)

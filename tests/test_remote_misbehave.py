@@ -104,6 +104,30 @@ def test_server_that_ignores_range_gives_the_right_bytes(store, server, tmp_path
     assert server.misbehaved > 0
 
 
+def test_index_page_links_that_cannot_be_names_cost_only_themselves(tmp_path):
+    """An index page whose links, once unquoted, are names no directory can hold (with '/' or
+    NUL, over 255 bytes, '.' and '..' in disguise) beside right ones: the directory lists its
+    right names, one log line says how many were left out (before: the kernel refused the
+    whole listing, EIO, for one name with a '/'), and its file reads as stored."""
+    import zarr
+
+    root = tmp_path / "served" / "store.zarr"
+    zarr.open_group(root, mode="w", zarr_format=3)
+    (root / "misc").mkdir()
+    (root / "misc" / "notes.txt").write_text("notes\n")
+    server = MisbehavingHTTP(root.parent).start()
+    server.extra_links["/store.zarr/misc/"] = "".join(
+        f'<a href="{href}">x</a>\n' for href in ("a%2Fb", "c%00d", "e" * 256, "%2E", "%2e%2E", "%C3%A9" * 127, "ok%20name"))
+    try:
+        with mount(f"{server.url}/store.zarr", tmp_path) as mnt:
+            assert sorted(os.listdir(mnt / "misc")) == ["notes.txt", "ok name", "é" * 127]
+            assert (mnt / "misc" / "notes.txt").read_text() == "notes\n"
+            assert read_or_errno(mnt / "misc" / "ok name") == errno.ENOENT  # (listed, not stored)
+    finally:
+        server.stop()
+    assert "3 names that cannot be file names" in (tmp_path / "zvfs.log").read_text()
+
+
 def test_wrong_content_range_is_eio_then_right_once_the_server_behaves(store, server, local, tmp_path):
     """206 answers of another range than asked (consistently labelled): every chunk file is
     EIO, none is wrong; the failures are not cached: once the server behaves, all is right."""

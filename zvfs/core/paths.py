@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import Hashable
 
 from ..errors import Gone, ZvfsError
+from ..storage.base import MAX_NAME
 from ..tree.handles import BytesHandle, Handle
 from ..tree.nodes import File, Node
 from .shown import Shown
 from .source import OpenSource
 
 MAX_PATH = 4096  # bytes, as PATH_MAX
-MAX_NAME = 255  # bytes, as NAME_MAX
 
 
 class BadPath(ZvfsError, ValueError):

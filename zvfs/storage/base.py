@@ -121,6 +121,17 @@ class Entries:
                         token if any(token) else None)
 
 
+#: bytes of the longest name a directory entry can have (NAME_MAX)
+MAX_NAME = 255
+
+
+def usable_name(name: str) -> bool:
+    """`name` can be a file name: not empty, `.` or `..`, no `/` or NUL, at most MAX_NAME
+    bytes (a store over HTTP, S3 or in an archive can hold keys that cannot)."""
+    return (name not in ("", ".", "..") and "/" not in name and "\0" not in name
+            and len(name.encode("utf-8", "surrogateescape")) <= MAX_NAME)
+
+
 #: bytes a listing takes per entry besides its name (a local `Entries` row: 158 for names of
 #: 16 characters, tracemalloc; a remote `Entry` less): what a listing under way counts
 LISTED_ENTRY = 142
@@ -228,6 +239,8 @@ class Store(abc.ABC):
 
     #: whether its directories have owners and bits (`known_dir`): local stores
     dir_bits: bool = False
+    #: whether every name it lists can be a file name (`usable_name`): local stores
+    names_are_file_names: bool = False
     #: moves whenever what `known_dir` knows changes (a directory learned, changed or forgotten)
     generation: int = 0
 

@@ -400,6 +400,7 @@ class LocalStore(Store):
     #: shard descriptors open in all the stores of this process, kept or pinned (`_descriptor_room`)
     held = 0
     dir_bits = True
+    names_are_file_names = True
 
     def __init__(self, root: str, max_open_files: int = 256, follow_symlinks: bool = False,
                  max_listing: int | None = None):

@@ -540,12 +540,15 @@ class FsspecStore(Store):
                     raise BadAnswer(f"{_redact_url(url)}: the index page is encoded (Content-Encoding: {encoding[:40]})")
                 if r.headers.get("Content-Type", "text/html").partition(";")[0].strip().lower() != "text/html":
                     return []
-                parts = []
+                parts, got = [], 0
                 while part := await r.content.read(PIECE):
-                    out.count(2 * len(part), "whose index page is more than {size} bytes")
+                    got += len(part)
+                    out.count(2 * len(part), f"whose index page is more than {got:,} bytes")
                     parts.append(part)
-            text = b"".join(parts).decode("utf-8", errors="ignore")
-            del parts
+            page = b"".join(parts)
+            parts.clear()
+            text = page.decode("utf-8", errors="ignore")
+            del page
             base_path = urlsplit(base).path
             for m in itertools.chain(ex2.finditer(text), ex.finditer(text)):
                 rel = urlsplit(urljoin(url, m.group("url"))).path
@@ -830,7 +833,7 @@ class _Listed:
         self.budget = store.listing_budget
         self.path = f"{store.display}/{prefix}".rstrip("/")
         self.found: dict[str, Entry] = {}
-        self.taken = self.owed = self.size = 0
+        self.taken = self.owed = 0
 
     def __enter__(self) -> _Listed:
         return self
@@ -838,12 +841,13 @@ class _Listed:
     def __exit__(self, *exc) -> None:
         self.budget.give_back(self.taken)
 
-    def count(self, more: int, what: str = "of more than {entries:,} entries") -> None:
+    def count(self, more: int, what: str | None = None) -> None:
+        """Count `more` bytes of this listing; `what` the directory is if that is refused
+        (default: "of more than N entries")."""
         self.owed += more
-        self.size += more
         if self.owed >= LISTING_STEP:
-            self.budget.take(f"{self.path}: a directory {what.format(entries=len(self.found), size=self.size)}",
-                             self.taken, self.owed)
+            what = what or f"of more than {len(self.found):,} entries"
+            self.budget.take(f"{self.path}: a directory {what}", self.taken, self.owed)
             self.taken, self.owed = self.taken + self.owed, 0
 
     def add(self, name: str, is_dir: bool, size: int | None) -> None:

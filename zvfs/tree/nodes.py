@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import Gone, ShardChanged, Stale, StorageError
 from ..formats.chunkref import ChunkRef
 from ..formats.codecs import decode_step
-from ..storage.base import Entries, Entry, Store, Version
+from ..storage.base import MAX_NAME, Entries, Entry, Store, Version, usable_name
 from ..storage.cache import CoalescingCache
 from .handles import BytesHandle, Handle, PassHandle, RangeHandle, pinned_at, read_ref
 
@@ -375,7 +375,9 @@ class PassFile(File):
 
     async def size(self) -> int:
         if self.entry is None or self.entry.size is None:  # the listing did not say (HTTP): ask once
-            size = await self.store.size(self.key) or 0
+            size = await self.store.size(self.key)
+            if size is None:  # (an index page links to it, and it is not there: not an empty file)
+                raise Gone(self.key)
             self.entry = Entry(self.key.rpartition("/")[2], False, size)
         return self.entry.size  # type: ignore[return-value]
 
@@ -745,7 +747,11 @@ class StoreDir:
     async def listing(self) -> Listing | None:
         async def load() -> Listing | None:
             entries = await self.store.list(self.prefix)
-            return None if entries is None else Listing.of(entries)
+            if entries is None:
+                return None
+            if not self.store.names_are_file_names:
+                entries = _usable(entries, f"{self.store.display}/{self.prefix}")
+            return Listing.of(entries)
 
         found = await self.tree.listings.get(("listing", id(self.store), self.prefix), load)
         if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
@@ -780,6 +786,18 @@ class StoreDir:
         if listing is None:
             return Rows.empty()
         return ListingRows(listing, self.start, self.tree.rows_budget, f"{self.store.display}/{self.prefix}")
+
+
+def _usable(entries: "list[Entry] | Entries", where: str) -> "list[Entry] | Entries":
+    """The entries whose names can be file names (`usable_name`); the others left out with one
+    log line (the kernel refuses a whole listing for one name with a '/': a remote index page
+    or an archive can hold such names, a local directory cannot)."""
+    names = entries.names if isinstance(entries, Entries) else [e.name for e in entries]
+    bad = sum(1 for name in names if not usable_name(name))
+    if not bad:
+        return entries
+    log.warning("%s: %d names that cannot be file names (over %d bytes, or with '/' or NUL) not listed", where, bad, MAX_NAME)
+    return [e for e in entries if usable_name(e.name)]
 
 
 class PassDir(Dir):
