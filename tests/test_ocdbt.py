@@ -579,6 +579,35 @@ def _read_or_errno(path: Path) -> bytes | int:
         return e.errno
 
 
+def test_a_listing_is_held_within_the_listing_budget(tmp_path):
+    """A directory of 20,000 keys (written by tensorstore) is counted in the listing budget of
+    the store below as it is listed: past 1 MiB DirectoryTooLarge (naming the option), nothing
+    left counted; under 8 MiB every name (before: any number of keys listed whole)."""
+    import trio
+
+    from zvfs.errors import DirectoryTooLarge
+    from zvfs.storage.local import LocalStore
+    from zvfs.storage.ocdbt import open_ocdbt
+
+    wo.write_tiny_values(tmp_path, 20_000, 10, 500_000)
+
+    async def main():
+        for budget in (1 << 20, 8 << 20):
+            below = LocalStore(str(tmp_path), max_listing=budget)
+            store = await open_ocdbt(below, None, 8 << 20)
+            try:
+                if budget < 2 << 20:
+                    with pytest.raises(DirectoryTooLarge, match="raise it to list it"):
+                        await store.list("a/5")
+                else:
+                    assert sorted(e.name for e in await store.list("a/5")) == [f"{i:06d}" for i in range(20_000)]
+                assert below.listing_budget.held == 0
+            finally:
+                await store.aclose()
+
+    trio.run(main)
+
+
 def test_a_node_pointed_at_from_a_siblings_place_is_eio(tmp_path):
     """Two leaves of a Zarr array's chunk keys swapped in their data file (each intact, CRC-32C
     valid: what a parent's swapped references give): their keys fall outside the range their

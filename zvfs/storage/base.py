@@ -167,6 +167,55 @@ class ListingBudget:
             self.held -= taken
 
 
+class CountedListing:
+    """The entries of one listing under way, counted in a store's listing budget as they come
+    (`LISTED_ENTRY` an entry plus its name, as a local listing's) and given back when it ends:
+    a listing past the budget is DirectoryTooLarge (EIO, one line naming the option) before it
+    is all read. Remote listings and an OCDBT database's; one per attempt (a retried listing
+    starts again). A name found twice is listed once."""
+
+    def __init__(self, budget: ListingBudget, path: str):
+        self.budget = budget
+        self.path = path.rstrip("/")
+        self.found: dict[str, Entry] = {}
+        self.taken = self.owed = 0
+
+    def __enter__(self) -> CountedListing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.budget.give_back(self.taken)
+
+    def count(self, more: int, what: str | None = None) -> None:
+        """Count `more` bytes of this listing; `what` the directory is if that is refused
+        (default: "of more than N entries")."""
+        self.owed += more
+        if self.owed >= LISTING_STEP:
+            what = what or f"of more than {len(self.found):,} entries"
+            self.budget.take(f"{self.path}: a directory {what}", self.taken, self.owed)
+            self.taken, self.owed = self.taken + self.owed, 0
+
+    def add(self, name: str, is_dir: bool, size: int | None) -> None:
+        if name not in self.found:
+            self.found[name] = Entry(name, is_dir, size)
+            self.count(LISTED_ENTRY + len(name))
+
+    def entries(self) -> list[Entry]:
+        return list(self.found.values())
+
+
+def listing_budget_of(store: Store) -> ListingBudget:
+    """The listing budget of `store` or of the first store below it that has one (a store over
+    another counts its listings with the one below: an OCDBT database's with its directory's)."""
+    layer: Store | None = store
+    while layer is not None:
+        budget = getattr(layer, "listing_budget", None)
+        if budget is not None:
+            return budget
+        layer = getattr(layer, "inner", None)
+    return ListingBudget(None)
+
+
 def version_token(v: Version) -> Hashable:
     """A compact value that is equal for equal versions (size and tag): 40 packed bytes for a
     local file's (a listing of 200,000 files keeps one per entry: a tuple of five ints cost

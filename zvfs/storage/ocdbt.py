@@ -23,7 +23,7 @@ import re
 from bisect import bisect_left
 
 from ..errors import CorruptShardError, MetadataError, ShardChanged
-from .base import Entry, Store, Version
+from .base import CountedListing, Entry, Store, Version, listing_budget_of
 from .cache import ENTRY_COST, CoalescingCache
 from .local import LocalStore
 from .ocdbt_format import (BtreeNode, FormatError, Generation, Manifest, Ref, TooLarge, VersionNode, VersionNodeRef, decode_btree_node,
@@ -50,6 +50,7 @@ class OcdbtStore(Store):
     def __init__(self, inner: Store, manifest: Manifest, generation: Generation, cache_bytes: int):
         self.inner = inner
         self.display = inner.display
+        self.listing_budget = listing_budget_of(inner)
         self.manifest = manifest
         self.generation = generation
         self.implicit: dict[str, bytes] = {}  # keys shown that the database does not hold (IMPLICIT_ROOT)
@@ -260,8 +261,11 @@ class OcdbtStore(Store):
         subdirectory's keys once its name is seen (a skip past the leaf at hand is one descent
         from the root, through cached nodes)."""
         start = (prefix.strip("/") + "/").encode("utf-8", "surrogateescape") if prefix.strip("/") else b""
+        with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
+            return await self._list(prefix, start, out)
+
+    async def _list(self, prefix: str, start: bytes, out: CountedListing) -> list[Entry] | None:
         root = self.generation.root
-        out: list[Entry] = []
         low = start
         while root is not None:
             found = await self._seek(root, self.generation.height, b"", low, f"{prefix}/")
@@ -275,20 +279,21 @@ class OcdbtStore(Store):
                     i += 1
                     continue
                 if not full.startswith(start):
-                    return out or None
+                    return out.entries() or None
                 rest = full[len(start):]
                 cut = rest.find(b"/")
                 if cut < 0:
-                    out.append(Entry(rest.decode("utf-8", "surrogateescape"), False, node.size(i)))
+                    out.add(rest.decode("utf-8", "surrogateescape"), False, node.size(i))
                     low = full + b"\0"
                 else:
-                    out.append(Entry(rest[:cut].decode("utf-8", "surrogateescape"), True, None))
+                    out.add(rest[:cut].decode("utf-8", "surrogateescape"), True, None)
                     low = start + rest[:cut] + b"0"  # "0" follows "/": past the directory's keys
                 i += 1
             low = max(low, base + node.keys[n - 1] + b"\0")
         if not start:
-            out += [Entry(name, False, len(value)) for name, value in self.implicit.items()]
-        return out or None
+            for name, value in self.implicit.items():
+                out.add(name, False, len(value))
+        return out.entries() or None
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -61,7 +61,7 @@ import stamina
 import trio
 
 from ..errors import ShardChanged, StorageError
-from .base import LISTED_ENTRY, LISTING_STEP, VERSIONS_KEPT, Entry, ListingBudget, SeenVersions, Store, Version
+from .base import VERSIONS_KEPT, CountedListing, Entry, ListingBudget, SeenVersions, Store, Version
 
 log = logging.getLogger("zvfs.storage")
 #: stamina logs a bare "stamina.retry_scheduled" warning per retry; ours (debug) names the key
@@ -439,7 +439,7 @@ class FsspecStore(Store):
 
     async def list(self, prefix: str) -> list[Entry] | None:
         """The names under `prefix`, None if there is nothing there (or it is a key). Held within
-        the listing budget as they come, as a local store's (`_Listed`): HTTP index pages and
+        the listing budget as they come, as a local store's (`CountedListing`): HTTP index pages and
         S3 and GCS listings are read a piece or a page at a time, so a directory past the
         budget is DirectoryTooLarge before it is all read (issue 22: an index page that never
         ended took the daemon to 853 MiB under memory=64M, one of a million links to 609 MiB).
@@ -461,13 +461,13 @@ class FsspecStore(Store):
             return None
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
             return None  # a key, not a prefix
-        with _Listed(self, prefix) as out:
+        with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             for info in infos:
                 if info["name"].rstrip("/") != path:
                     self._add_info(out, prefix, info)
             return out.entries()
 
-    def _add_info(self, out: _Listed, prefix: str, info: dict) -> None:
+    def _add_info(self, out: CountedListing, prefix: str, info: dict) -> None:
         """One fsspec info dict of a listing of `prefix`, into `out` (its size kept for `_known_size`)."""
         name = info["name"].rstrip("/").rsplit("/", 1)[-1]
         if not name:
@@ -484,7 +484,7 @@ class FsspecStore(Store):
         """A listing of `prefix` page by page (s3fs's `_iterdir`: list_objects_v2 with a
         delimiter, 1,000 keys a page), on fsspec's loop; not kept in s3fs's own listings cache."""
         bucket, key, _ = self.fs.split_path(path)
-        with _Listed(self, prefix) as out:
+        with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             try:
                 async for info in self.fs._iterdir(bucket, prefix=f"{key.rstrip('/')}/" if key else ""):
                     self._add_info(out, prefix, {**info, "name": info["Key"]})
@@ -500,7 +500,7 @@ class FsspecStore(Store):
         bucket, key, _ = self.fs.split_path(path)
         where = f"{key.rstrip('/')}/" if key else None
         token = None
-        with _Listed(self, prefix) as out:
+        with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             while True:
                 page = await self.fs._call_list_objects(bucket, delimiter="/", prefix=where, maxResults=1000,
                                                         pageToken=token)
@@ -529,7 +529,7 @@ class FsspecStore(Store):
         as a browser does."""
         from fsspec.implementations.http import ex, ex2
 
-        with _Listed(self, prefix) as out:
+        with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             async with _on_asyncio(self._http_open("GET", url, {"Accept-Encoding": "identity"})) as r:
                 if r.status in (404, 410):
                     raise FileNotFoundError(url)
@@ -821,42 +821,6 @@ async def _read_exactly(read: Callable[[int], Awaitable[bytes]], n: int, url: st
         if keep:
             parts.append(part)
     return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-class _Listed:
-    """The entries of one listing under way, counted in the store's listing budget as they
-    come (`LISTED_ENTRY` an entry plus its name, as a local listing's) and given back when it
-    ends: a listing past the budget is DirectoryTooLarge (EIO, one line naming the option)
-    before it is all read. One per attempt (a retried listing starts again)."""
-
-    def __init__(self, store: FsspecStore, prefix: str):
-        self.budget = store.listing_budget
-        self.path = f"{store.display}/{prefix}".rstrip("/")
-        self.found: dict[str, Entry] = {}
-        self.taken = self.owed = 0
-
-    def __enter__(self) -> _Listed:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.budget.give_back(self.taken)
-
-    def count(self, more: int, what: str | None = None) -> None:
-        """Count `more` bytes of this listing; `what` the directory is if that is refused
-        (default: "of more than N entries")."""
-        self.owed += more
-        if self.owed >= LISTING_STEP:
-            what = what or f"of more than {len(self.found):,} entries"
-            self.budget.take(f"{self.path}: a directory {what}", self.taken, self.owed)
-            self.taken, self.owed = self.taken + self.owed, 0
-
-    def add(self, name: str, is_dir: bool, size: int | None) -> None:
-        if name not in self.found:
-            self.found[name] = Entry(name, is_dir, size)
-            self.count(LISTED_ENTRY + len(name))
-
-    def entries(self) -> list[Entry]:
-        return list(self.found.values())
 
 
 class _on_asyncio:
