@@ -22,8 +22,9 @@ answers misbehave before it serves correctly again, None = always):
   size in zeros once decoded
 
 Directory pages (index pages of links, as nginx's autoindex) are right, but for the directory
-named by `endless_index` (a URL path ending in "/"): a page of links without Content-Length
-that never ends (`extra` bytes at most), as an attacker's server could send.
+named by `endless_index` (a URL path ending in "/", or every directory below a path ending in
+"*"): a page of links (to names of `name_length` digits) without Content-Length that never
+ends (`extra` bytes at most), as an attacker's server could send.
 
 `extra_links` adds HTML to the index pages of the directories it names (links a real
 directory could not hold: names with `/`, NUL, or over 255 bytes).
@@ -68,6 +69,7 @@ class MisbehavingHTTP:
         self.auth: str | None = None
         self.redirect_to: str | None = None
         self.endless_index: str | None = None
+        self.name_length = 9  # digits of the names an endless index page links to
         self.extra_links: dict[str, str] = {}  # URL path of a directory -> HTML put on its index page
         self.extra = 1 << 30  # bytes past the range asked for, in modes long and endless
         self._bombs: dict[int, bytes] = {}
@@ -80,6 +82,11 @@ class MisbehavingHTTP:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _endless(self, path: str) -> bool:
+        """`path` is the directory `endless_index` names, or below it when it ends in "*"."""
+        e = self.endless_index
+        return e is not None and (path == e or e.endswith("*") and path.startswith(e[:-1]))
 
     def set(self, mode: str, times: int | None = None) -> None:
         with self._lock:
@@ -127,7 +134,7 @@ class MisbehavingHTTP:
                 if server.auth is not None and self.headers.get("Authorization") != server.auth:
                     return self._send(401, {"WWW-Authenticate": 'Basic realm="zvfs"'}, b"", head)
                 path = server.root / unquote(parts.path).lstrip("/")
-                if path.is_dir() and parts.path == server.endless_index and not head:
+                if path.is_dir() and server._endless(parts.path) and not head:
                     return self._endless_index()
                 if path.is_dir():
                     links = "".join(f'<a href="{quote(p.name)}{"/" if p.is_dir() else ""}">{html.escape(p.name)}</a>\n'
@@ -186,7 +193,8 @@ class MisbehavingHTTP:
                 try:
                     sent, n = 0, 0
                     while sent < server.extra:
-                        page = "".join(f'<a href="f{i:09d}">f{i:09d}</a>\n' for i in range(n, n + 20000)).encode()
+                        page = "".join(f'<a href="f{i:0{server.name_length}d}">f{i:09d}</a>\n'
+                                       for i in range(n, n + 20000)).encode()
                         self.wfile.write(page)
                         sent, n = sent + len(page), n + 20000
                     self.wfile.flush()

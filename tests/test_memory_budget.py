@@ -200,6 +200,42 @@ def test_an_index_page_past_the_budget_is_eio_within_it(store, tmp_path, links):
     assert "-o memory=" in log.read_text()
 
 
+def test_index_pages_listed_at_once_stay_within_the_budget_together(store, tmp_path):
+    """Sixteen directories whose index pages never end, of links to names of 160 characters,
+    listed at once: each EIO, the daemon under 256 MiB (an outside attacker: 417 MiB while
+    the pages were held within the budget as they arrived, then parsed; each page is now
+    parsed as it arrives, never held, and the links it yields counted at what they take)."""
+    root, _ = store
+    served = tmp_path / "served"
+    shutil.copytree(root, served / root.name)
+    for i in range(16):
+        (served / root.name / f"e{i}").mkdir()
+    server = MisbehavingHTTP(served).start()
+    server.endless_index = f"/{root.name}/e*"
+    server.name_length = 160
+    log = tmp_path / "zvfs.log"
+    try:
+        with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=log, options=(BUDGET,)) as mnt:
+            def errno_of(i: int) -> int | None:
+                try:
+                    os.listdir(mnt / f"e{i}")
+                except OSError as e:
+                    return e.errno
+                return None
+
+            for _ in range(2):
+                with ThreadPoolExecutor(16) as pool:
+                    got = list(pool.map(errno_of, range(16)))
+                assert got == [errno.EIO] * 16
+            peak = vm_hwm(daemon_pid(mnt))
+            assert sorted(os.listdir(mnt / "a")) == ["c", "zarr.json"]
+    finally:
+        server.stop()
+    print(f"\n16 endless index pages at once, twice: daemon peak RSS {peak >> 20} MiB")
+    assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
+    assert "-o memory=" in log.read_text()
+
+
 @pytest.mark.parametrize("kind", ["s3", "gcs"])
 async def test_object_store_listings_are_read_page_by_page_within_the_budget(tmp_path, kind):
     """S3 (moto) and GCS (fake-gcs-server) listings of 2,100 names (three pages of 1,000) are
@@ -207,7 +243,10 @@ async def test_object_store_listings_are_read_page_by_page_within_the_budget(tmp
     (naming the option) after two list requests, not three, and nothing stays counted; under
     a larger one every name, directory and size, as the bucket holds. A key and an absent
     prefix list as nothing (before: s3fs's and gcsfs's listings were read whole, then kept in
-    their own listings caches)."""
+    their own listings caches). Behind a proxy that delays every request 0.4 s, the three
+    pages list within a request timeout of 1 s: it bounds each page, not the listing (an
+    outside attacker: 30,000 keys in 30 pages of ~1 s were EIO at the 20 s default)."""
+    from servers import DelayProxy
     from zvfs.errors import DirectoryTooLarge
     from zvfs.options import parse_options, storage_options
     from zvfs.storage.open import open_store
@@ -246,6 +285,19 @@ async def test_object_store_listings_are_read_page_by_page_within_the_budget(tmp
                 assert store.listing_budget.held == 0
             finally:
                 await store.aclose()
+        proxy = DelayProxy(server.port, 0.4).start()
+        try:
+            options[0] = f"endpoint={proxy.url}"
+            slow = storage_options(kind.replace("gcs", "gs"), parse_options([",".join(options)]))
+            store = open_store(url, storage_options=slow, readahead=0, request_timeout=1.0, deadline=2.0)
+            try:
+                t = time.monotonic()
+                assert len(await store.list("big")) == 2100
+                assert time.monotonic() - t > 1.2  # (three requests of 0.4 s at least)
+            finally:
+                await store.aclose()
+        finally:
+            proxy.stop()
     finally:
         server.stop()
 

@@ -14,6 +14,7 @@ import base64
 import errno
 import os
 import time
+from urllib.parse import unquote
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,43 @@ def test_server_that_ignores_range_gives_the_right_bytes(store, server, tmp_path
         finally:
             os.close(fd)
     assert server.misbehaved > 0
+
+
+async def test_an_index_page_lists_what_fsspec_finds_on_it(tmp_path):
+    """An index page of 100,000 links (about 6 MB, read and parsed a piece at a time) in the
+    forms pages use (relative, with a query, `./`, absolute paths, whole URLs, quoted names,
+    directories), some twice: the store lists exactly the names below the directory that
+    fsspec's own HTTP listing finds on it (its whole page, parsed at once), each once."""
+    import random
+
+    import fsspec
+
+    from zvfs.storage.open import open_store
+
+    root = tmp_path / "served" / "s.zarr"
+    (root / "d").mkdir(parents=True)
+    server = MisbehavingHTTP(root.parent).start()
+    rng = random.Random(7)
+    forms = [lambda n: n, lambda n: f"{n}?C=M", lambda n: f"./{n}", lambda n: f"/s.zarr/d/{n}",
+             lambda n: f"{server.url}/s.zarr/d/{n}", lambda n: f"{n}/", lambda n: n.replace("-", "%2D")]
+    links = [rng.choice(forms)(f"n-{i:07d}-{'x' * rng.randrange(40)}") for i in range(100_000)]
+    links += rng.sample(links, 1000) + ["../", "/elsewhere/x", "http://other.example/s.zarr/d/y"]
+    rng.shuffle(links)
+    server.extra_links["/s.zarr/d/"] = "".join(f'<tr><td><a href="{href}">{i}</a></td><td>-</td></tr>\n'
+                                               for i, href in enumerate(links))
+    store = open_store(f"{server.url}/s.zarr", readahead=0)
+    try:
+        ours = {e.name: e.is_dir for e in await store.list("d")}
+        fs = fsspec.filesystem("http", skip_instance_cache=True)
+        theirs = {}
+        for info in fs.ls(f"{server.url}/s.zarr/d/", detail=True):
+            rel = info["name"].split("/s.zarr/d/", 1)[1].split("?", 1)[0]
+            theirs.setdefault(unquote([p for p in rel.split("/") if p not in ("", ".")][0]), info["type"] == "directory")
+    finally:
+        await store.aclose()
+        server.stop()
+    extra = sorted(set(ours) ^ set(theirs))[:5], sorted(n for n in ours if not n.startswith("n-"))[:5]
+    assert len(ours) == 100_000 and ours == theirs, extra  # (names, and which are directories)
 
 
 def test_index_page_links_that_cannot_be_names_cost_only_themselves(tmp_path):

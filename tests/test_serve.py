@@ -271,7 +271,9 @@ SCOPES = [  # (request, response) as hypercorn gives them to its logger
 
 
 def test_access_log_line_is_hypercorns():
-    """The access log writes hypercorn's own default line (`access_log_format`), built directly."""
+    """The access log writes hypercorn's own default line (`access_log_format`), built directly;
+    but what the client sent is escaped as nginx escapes it (`\\xHH`: control characters, `"`,
+    `\\`, bytes past ASCII), where hypercorn writes it as it is."""
     import logging
     from types import SimpleNamespace
 
@@ -299,10 +301,30 @@ def test_access_log_line_is_hypercorns():
             trio.run(Logger(config).access, request, response, 0.01)
             trio.run(ours.access, request, response, 0.01)
             ours.flush()
+            theirs = [line.replace('\u00e9 "q"', '\\xE9 \\x22q\\x22').replace('"\u00ff"', '"\\xFF"') for line in theirs]
             if [r.getMessage() for r in held] == theirs:
                 break
         assert [r.getMessage() for r in held] == theirs
         assert held[0].name == "zvfs.test-access" and held[0].levelno == logging.INFO
+
+
+def test_no_request_writes_a_line_break_or_nul_into_the_access_log(served):
+    """A path with `%0A` (a forged log line after it) and `%00`, and a User-Agent with quotes:
+    one access log line, the path as sent, the quotes escaped (an outside attacker wrote a
+    forged ERROR line into the log through a path)."""
+    server, _, _ = served
+    forged = "2026-11-27%2000:00:00,000%20zvfs[1]%20ERROR%20zvfs.fuse:%20FORGED"
+    status, _, _ = _get(server, f"/img/zz%0A{forged}%00x", {"User-Agent": 'ua "quoted" \\'})
+    assert status == 400  # (NUL in a path)
+    want = f'"GET /img/zz%0A{forged}%00x 1.1" 400'
+    give_up = time.monotonic() + 3
+    while want not in Path(server.log).read_text():
+        assert time.monotonic() < give_up, f"no access log line after 3 s: {Path(server.log).read_text()[-500:]}"
+        time.sleep(0.1)
+    text = Path(server.log).read_text()
+    assert "\0" not in text and "FORGED" not in text.replace(forged, "")
+    line = next(x for x in text.splitlines() if want in x)
+    assert line.endswith('"ua \\x22quoted\\x22 \\x5C"'), line
 
 
 def test_access_log_is_written_within_a_second(served):

@@ -22,6 +22,10 @@ from ..logs import Logs
 
 BATCH = 4096  # lines held at most (about 1 MB) before they are written
 FLUSH_EVERY = 1.0  # seconds a line waits at most
+#: what a client sent that is written escaped, as nginx does (`\xHH`): control characters, `"`,
+#: `\` and bytes past ASCII, so that no request can write a line break (a forged log line:
+#: an outside attacker's `%0A` in a path) or a NUL into the log
+ESCAPED = {c: f"\\x{c:02X}" for c in (*range(0x20), *range(0x7F, 0x100), ord('"'), ord("\\"))}
 
 
 class AccessLog(Logger):
@@ -55,8 +59,11 @@ class AccessLog(Logger):
             status = str(response["status"])
             length = _header(response.get("headers", ()), b"content-length")
         method = request.get("method", "GET")
-        line = (f'{host} - - {self._stamp} "{method} {request["path"]} {request.get("http_version", "ws")}" {status} '
-                f'{length} "{_header(request["headers"], b"referer")}" "{_header(request["headers"], b"user-agent")}"')
+        raw = request.get("raw_path")  # (as the request line sent it: "%0A", not a line break)
+        path = raw.decode("latin-1") if raw is not None else request["path"]
+        line = (f'{host} - - {self._stamp} "{method} {path.translate(ESCAPED)} {request.get("http_version", "ws")}" '
+                f'{status} {length} "{_header(request["headers"], b"referer").translate(ESCAPED)}" '
+                f'"{_header(request["headers"], b"user-agent").translate(ESCAPED)}"')
         self.pending.append(logger.makeRecord(logger.name, logging.INFO, "", 0, line, None, None))
         if len(self.pending) >= BATCH:
             self.flush()

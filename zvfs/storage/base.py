@@ -132,8 +132,8 @@ def usable_name(name: str) -> bool:
             and len(name.encode("utf-8", "surrogateescape")) <= MAX_NAME)
 
 
-#: bytes a listing takes per entry besides its name (a local `Entries` row: 158 for names of
-#: 16 characters, tracemalloc; a remote `Entry` less): what a listing under way counts
+#: bytes a local listing takes per entry besides its name (an `Entries` row: 158 for names of
+#: 16 characters, tracemalloc): what a local listing under way counts
 LISTED_ENTRY = 142
 #: bytes a listing counts at once (a directory of fewer than ~1,500 names counts nothing)
 LISTING_STEP = 256 << 10
@@ -167,9 +167,15 @@ class ListingBudget:
             self.held -= taken
 
 
+#: bytes a `CountedListing` holds per entry besides its name's characters (tracemalloc, 100,000
+#: names: 193 for names of 10 characters: the `Entry`, the name's str, its dict slot, the list
+#: it is returned in)
+COUNTED_ENTRY = 184
+
+
 class CountedListing:
     """The entries of one listing under way, counted in a store's listing budget as they come
-    (`LISTED_ENTRY` an entry plus its name, as a local listing's) and given back when it ends:
+    (`COUNTED_ENTRY` an entry plus its name) and given back when it ends:
     a listing past the budget is DirectoryTooLarge (EIO, one line naming the option) before it
     is all read. Remote listings and an OCDBT database's; one per attempt (a retried listing
     starts again). A name found twice is listed once."""
@@ -198,7 +204,7 @@ class CountedListing:
     def add(self, name: str, is_dir: bool, size: int | None) -> None:
         if name not in self.found:
             self.found[name] = Entry(name, is_dir, size)
-            self.count(LISTED_ENTRY + len(name))
+            self.count(COUNTED_ENTRY + len(name))
 
     def entries(self) -> list[Entry]:
         return list(self.found.values())

@@ -47,6 +47,7 @@ queued behind it, do not each wait a whole deadline. A missing key is not a faul
 from __future__ import annotations
 
 import asyncio
+import codecs
 import email.utils
 import itertools
 import logging
@@ -448,9 +449,8 @@ class FsspecStore(Store):
             return await self._http_list(prefix)
         path = self._path(prefix)
         if self.s3 or self.gcs:
-            lister = self._s3_list if self.s3 else self._gcs_list
             try:
-                found = await self._run(prefix, lambda: _on_loop(self._loop, lambda: lister(prefix, path)))
+                found = await (self._s3_list if self.s3 else self._gcs_list)(prefix, path)
             except MISSING:
                 return None
             return found or None  # (object stores have no empty directories)
@@ -481,33 +481,39 @@ class FsspecStore(Store):
                 self._listed.popitem(last=False)
 
     async def _s3_list(self, prefix: str, path: str) -> list[Entry]:
-        """A listing of `prefix` page by page (s3fs's `_iterdir`: list_objects_v2 with a
-        delimiter, 1,000 keys a page), on fsspec's loop; not kept in s3fs's own listings cache."""
+        """A listing of `prefix` a page at a time (list_objects_v2 with a delimiter: 1,000 keys
+        a page, each page a call of its own with its own timeout and retries: 30 pages of 1 s
+        were EIO at the 20 s that bounded them together); not kept in s3fs's listings cache."""
         bucket, key, _ = self.fs.split_path(path)
+        kw = {"Bucket": bucket, "Prefix": f"{key.rstrip('/')}/" if key else "", "Delimiter": "/"}
         with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
-            try:
-                async for info in self.fs._iterdir(bucket, prefix=f"{key.rstrip('/')}/" if key else ""):
-                    self._add_info(out, prefix, {**info, "name": info["Key"]})
-            except Exception as e:
-                if _status(e) == 404:  # no such bucket (s3fs's own listing says FileNotFoundError)
-                    raise FileNotFoundError(path) from None
-                raise
-            return out.entries()
+            while True:
+                page = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._call_s3("list_objects_v2", **kw)))
+                for sub in page.get("CommonPrefixes", []):
+                    self._add_info(out, prefix, {"name": sub["Prefix"], "type": "directory"})
+                for item in page.get("Contents", []):
+                    if item["Key"] != kw["Prefix"]:  # (an object named as the directory: a "folder" marker)
+                        self._add_info(out, prefix, {"name": item["Key"], "type": "file", "size": item.get("Size")})
+                if not page.get("IsTruncated"):
+                    return out.entries()
+                kw["ContinuationToken"] = page["NextContinuationToken"]
 
     async def _gcs_list(self, prefix: str, path: str) -> list[Entry]:
-        """A listing of `prefix` page by page (the JSON API's objects.list with a delimiter,
-        1,000 names a page, through gcsfs's `_call_list_objects`), on fsspec's loop."""
+        """A listing of `prefix` a page at a time (the JSON API's objects.list with a
+        delimiter, 1,000 names a page through gcsfs's `_call_list_objects`, each page a call of
+        its own, as S3's)."""
         bucket, key, _ = self.fs.split_path(path)
         where = f"{key.rstrip('/')}/" if key else None
         token = None
         with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             while True:
-                page = await self.fs._call_list_objects(bucket, delimiter="/", prefix=where, maxResults=1000,
-                                                        pageToken=token)
+                page = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._call_list_objects(
+                    bucket, delimiter="/", prefix=where, maxResults=1000, pageToken=token)))
                 for sub in page.get("prefixes", []):
                     self._add_info(out, prefix, {"name": sub, "type": "directory"})
                 for item in page.get("items", []):
-                    self._add_info(out, prefix, {"name": item["name"], "type": "file", "size": item.get("size")})
+                    if item["name"] != where:
+                        self._add_info(out, prefix, {"name": item["name"], "type": "file", "size": item.get("size")})
                 token = page.get("nextPageToken")
                 if not token:
                     return out.entries()
@@ -522,14 +528,20 @@ class FsspecStore(Store):
             return None
 
     async def _http_index(self, prefix: str, url: str, base: str) -> list[Entry]:
-        """One GET of an index page (on fsspec's loop), read a piece at a time within the listing
-        budget, which counts it twice (its bytes, then its text), and the names it links to
-        below `base`, counted as they are found. The links are those fsspec's HTTP listing
-        finds (its patterns: `<a href=...>` and bare http(s) URLs), joined to the page's URL
-        as a browser does."""
+        """One GET of an index page (on fsspec's loop), parsed as it arrives, a piece at a time:
+        the names it links to below `base` are counted in the listing budget as they are found,
+        and the page itself is never held (the links that start in the last `LINK_MAX`
+        characters of a piece are taken with the next: one that a piece's end cuts would match
+        as a prefix of its URL; a name found twice is listed once). The listing counts its working memory besides (a
+        piece, its text and the overlap). The links are those fsspec's HTTP listing finds (its
+        patterns: `<a href=...>` and bare http(s) URLs), joined to the page's URL as a browser
+        does. (Issue 22: a page held whole, then parsed, took the daemon to 853 MiB under
+        memory=64M for a page that never ended; held within the budget while it arrived, 16
+        such pages listed at once took it to 417 MiB, fragments of the pages held for a while.)"""
         from fsspec.implementations.http import ex, ex2
 
         with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
+            out.count(4 * PIECE + 4 * LINK_MAX, "(its index page's pieces)")
             async with _on_asyncio(self._http_open("GET", url, {"Accept-Encoding": "identity"})) as r:
                 if r.status in (404, 410):
                     raise FileNotFoundError(url)
@@ -540,25 +552,31 @@ class FsspecStore(Store):
                     raise BadAnswer(f"{_redact_url(url)}: the index page is encoded (Content-Encoding: {encoding[:40]})")
                 if r.headers.get("Content-Type", "text/html").partition(";")[0].strip().lower() != "text/html":
                     return []
-                parts, got = [], 0
-                while part := await r.content.read(PIECE):
-                    got += len(part)
-                    out.count(2 * len(part), f"whose index page is more than {got:,} bytes")
-                    parts.append(part)
-            page = b"".join(parts)
-            parts.clear()
-            text = page.decode("utf-8", errors="ignore")
-            del page
-            base_path = urlsplit(base).path
-            for m in itertools.chain(ex2.finditer(text), ex.finditer(text)):
-                rel = urlsplit(urljoin(url, m.group("url"))).path
-                if not rel.startswith(base_path):
-                    continue
-                rel = rel[len(base_path):]
-                name = unquote(rel.split("/", 1)[0])  # index pages link to quoted names ("1%3A0")
-                if name and name not in (".", ".."):
-                    out.add(name, "/" in rel, 0 if "/" in rel else None)
-            return out.entries()
+                origin, base_path = urlsplit(base)[1:3]
+                decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+                tail = ""
+                while True:
+                    part = await r.content.read(PIECE)
+                    text = tail + decoder.decode(part, final=not part)
+                    # links that start in the last LINK_MAX characters are taken with the next
+                    # piece (a link the piece's end cuts matches as a prefix of its URL)
+                    taken = len(text) if not part else max(0, len(text) - LINK_MAX)
+                    for m in itertools.chain(*(itertools.takewhile(lambda m: m.start() < taken, p.finditer(text))
+                                               for p in (ex2, ex))):
+                        href = m.group("url")
+                        if PLAIN_HREF.match(href):  # a name below the page, as autoindex links (2 us, not 14)
+                            rel = href
+                        else:
+                            joined = urlsplit(urljoin(url, href))
+                            if joined.netloc != origin or not joined.path.startswith(base_path):
+                                continue  # (another host's, or not below the page)
+                            rel = joined.path[len(base_path):]
+                        name = unquote(rel.split("/", 1)[0])  # index pages link to quoted names ("1%3A0")
+                        if name and name not in (".", ".."):
+                            out.add(name, "/" in rel, 0 if "/" in rel else None)
+                    if not part:
+                        return out.entries()
+                    tail = text[taken:]
 
     # -- HTTP(S)
 
@@ -791,6 +809,12 @@ async def answer_body(url: str, partial: bool, content_range: str | None, announ
 
 #: the largest piece asked of a body at a time (bytes before a range are dropped piece by piece)
 PIECE = 1 << 20
+#: an href that names a file or directory below its page as it is, as index pages link (no
+#: scheme, host, query, fragment, `.` or `..` segment, nor a leading `/`): no URL join needed
+PLAIN_HREF = re.compile(r"(?![./])(?:(?!/\.)[^:?#])*\Z")
+#: characters of an index page scanned again with the next piece: a link longer than this
+#: (its `<a ... href="...` up to the URL's end) that a piece's end cuts is not found
+LINK_MAX = 16 << 10
 
 
 async def _read_at_most(read: Callable[[int], Awaitable[bytes]], limit: int, announced: int | None, too_long: str) -> bytes:
