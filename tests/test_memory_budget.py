@@ -243,8 +243,8 @@ async def test_object_store_listings_are_read_page_by_page_within_the_budget(tmp
     (naming the option) after two list requests, not three, and nothing stays counted; under
     a larger one every name, directory and size, as the bucket holds. A key and an absent
     prefix list as nothing (before: s3fs's and gcsfs's listings were read whole, then kept in
-    their own listings caches). Behind a proxy that delays every request 0.4 s, the three
-    pages list within a request timeout of 1 s: it bounds each page, not the listing (an
+    their own listings caches). Behind a proxy that delays every request 1.5 s, the three
+    pages list within a request timeout of 4 s: it bounds each page, not the listing (an
     outside attacker: 30,000 keys in 30 pages of ~1 s were EIO at the 20 s default)."""
     from servers import DelayProxy
     from zvfs.errors import DirectoryTooLarge
@@ -285,15 +285,15 @@ async def test_object_store_listings_are_read_page_by_page_within_the_budget(tmp
                 assert store.listing_budget.held == 0
             finally:
                 await store.aclose()
-        proxy = DelayProxy(server.port, 0.4).start()
+        proxy = DelayProxy(server.port, 1.5).start()
         try:
             options[0] = f"endpoint={proxy.url}"
             slow = storage_options(kind.replace("gcs", "gs"), parse_options([",".join(options)]))
-            store = open_store(url, storage_options=slow, readahead=0, request_timeout=1.0, deadline=2.0)
+            store = open_store(url, storage_options=slow, readahead=0, request_timeout=4.0, deadline=1.0)
             try:
                 t = time.monotonic()
                 assert len(await store.list("big")) == 2100
-                assert time.monotonic() - t > 1.2  # (three requests of 0.4 s at least)
+                assert time.monotonic() - t > 4.5  # (three requests of 1.5 s at least)
             finally:
                 await store.aclose()
         finally:
