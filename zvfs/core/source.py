@@ -19,6 +19,7 @@ from ..formats.array import Hierarchy
 from ..formats.jsonfile import read_metadata
 from ..options import MountOptions, resolve_caches, storage_options
 from ..storage import Entry, Store
+from ..storage.base import layer_attribute
 from ..storage.cache import CoalescingCache, decoded_size
 from ..storage.gather import gather
 from ..storage.local import LocalStore
@@ -181,13 +182,8 @@ def _look_cost(store: Store, waited: float) -> float:
     thread that looked (`LocalStore.look_cost`), not the time waited for it (while the loop
     was busy with a listing of 4,100 shards, looks waited 0.4-0.9 s, the next one came 9-18 s
     later, and a row directory narrowed then stayed open to others that long)."""
-    layer: Store | None = store
-    while layer is not None:
-        cost = getattr(layer, "look_cost", None)
-        if cost is not None:
-            return cost
-        layer = getattr(layer, "inner", None)
-    return waited
+    cost = layer_attribute(store, "look_cost")
+    return waited if cost is None else cost
 
 
 async def open_source(source: str, opts: MountOptions | None = None, storage: dict | None = None) -> OpenSource:

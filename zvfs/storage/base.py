@@ -210,16 +210,22 @@ class CountedListing:
         return list(self.found.values())
 
 
+def layer_attribute(store: Store, name: str):
+    """Attribute `name` of `store` or of the first store below it (`inner`, as read-ahead, disk
+    caches, archives and databases wrap stores) that has one not None; None if none has."""
+    layer: Store | None = store
+    while layer is not None:
+        found = getattr(layer, name, None)
+        if found is not None:
+            return found
+        layer = getattr(layer, "inner", None)
+    return None
+
+
 def listing_budget_of(store: Store) -> ListingBudget:
     """The listing budget of `store` or of the first store below it that has one (a store over
     another counts its listings with the one below: an OCDBT database's with its directory's)."""
-    layer: Store | None = store
-    while layer is not None:
-        budget = getattr(layer, "listing_budget", None)
-        if budget is not None:
-            return budget
-        layer = getattr(layer, "inner", None)
-    return ListingBudget(None)
+    return layer_attribute(store, "listing_budget") or ListingBudget(None)
 
 
 def version_token(v: Version) -> Hashable:
