@@ -142,6 +142,31 @@ async def test_an_index_page_lists_what_fsspec_finds_on_it(tmp_path):
     assert len(ours) == 100_000 and ours == theirs, extra  # (names, and which are directories)
 
 
+def test_every_name_reads_its_own_object_over_http(tmp_path):
+    """Files named as URLs would read them otherwise (`%41` beside `A`, `a?b` and `a#b` beside
+    `a`, `%2541`, a space, a line break, a tab, bytes that are not UTF-8), behind nginx: each
+    is listed by its own name and reads its own bytes through a mount (an
+    outside attacker: `%41` read `A`, `a?b` and `a#b` read `a`, `nl\\nx` read `nlx`)."""
+    import zarr
+
+    root = tmp_path / "served" / "s.zarr"
+    zarr.open_group(root, mode="w", zarr_format=3)
+    names = [b"A", b"%41", b"%2541", b"a", b"a?b", b"a#b", b"a b", b"nl\nx", b"tab\tx", b"\xff\xfe", b"+&=;,"]
+    (root / "w").mkdir()
+    for i, name in enumerate(names):
+        with open(os.path.join(os.fsencode(root / "w"), name), "wb") as f:
+            f.write(b"object %d" % i)
+    nginx = Nginx(root.parent, tmp_path / "nginx").start()
+    try:
+        with mount(f"{nginx.url}/s.zarr", tmp_path) as mnt:
+            listed = sorted(os.listdir(os.fsencode(mnt / "w")))
+            got = {name: open(os.path.join(os.fsencode(mnt / "w"), name), "rb").read() for name in listed}
+    finally:
+        nginx.stop()
+    assert listed == sorted(names)
+    assert got == {name: b"object %d" % i for i, name in enumerate(names)}
+
+
 def test_index_page_links_that_cannot_be_names_cost_only_themselves(tmp_path):
     """An index page whose links, once unquoted, are names no directory can hold (with '/' or
     NUL, over 255 bytes, '.' and '..' in disguise) beside right ones: the directory lists its

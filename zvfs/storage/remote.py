@@ -56,7 +56,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import stamina
 import trio
@@ -253,6 +253,12 @@ class FsspecStore(Store):
         self.retries = 0
 
     def _path(self, key: str) -> str:
+        """The fsspec path of `key`; for HTTP its URL, the key percent-encoded (a key is any
+        name: unencoded, `%41` asked for `A`, `a?b` for `a` with a query, `a#b` for `a`; an
+        outside attacker read another object through each). Names that are not UTF-8 come
+        from listings as surrogate escapes and go back as the bytes they were."""
+        if self.http and key:
+            key = quote(key, safe="/", errors="surrogateescape")
         path = f"{self.root}/{key}" if key else self.root
         return f"{path}?{self.query}" if self.query else path
 
@@ -520,7 +526,7 @@ class FsspecStore(Store):
 
     async def _http_list(self, prefix: str) -> list[Entry] | None:
         """The links of a directory's index page (nginx autoindex, Apache, S3 website...)."""
-        base = f"{self.root}/{prefix}".rstrip("/") + "/"
+        base = self._path(prefix).split("?", 1)[0].rstrip("/") + "/"
         url = base + (f"?{self.query}" if self.query else "")
         try:
             return await self._run(prefix, lambda: _on_loop(self._loop, lambda: self._http_index(prefix, url, base)))
@@ -571,7 +577,8 @@ class FsspecStore(Store):
                             if joined.netloc != origin or not joined.path.startswith(base_path):
                                 continue  # (another host's, or not below the page)
                             rel = joined.path[len(base_path):]
-                        name = unquote(rel.split("/", 1)[0])  # index pages link to quoted names ("1%3A0")
+                        # index pages link to quoted names ("1%3A0"), of any bytes
+                        name = unquote(rel.split("/", 1)[0], errors="surrogateescape")
                         if name and name not in (".", ".."):
                             out.add(name, "/" in rel, 0 if "/" in rel else None)
                     if not part:
