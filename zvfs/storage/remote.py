@@ -538,10 +538,10 @@ class FsspecStore(Store):
         the names it links to below `base` are counted in the listing budget as they are found,
         and the page itself is never held (the links that start in the last `LINK_MAX`
         characters of a piece are taken with the next: one that a piece's end cuts would match
-        as a prefix of its URL; a name found twice is listed once). The listing counts its working memory besides (a
-        piece, its text and the overlap). The links are those fsspec's HTTP listing finds (its
-        patterns: `<a href=...>` and bare http(s) URLs), joined to the page's URL as a browser
-        does. (Issue 22: a page held whole, then parsed, took the daemon to 853 MiB under
+        as a prefix of its URL; a name found twice is listed once). The listing counts its
+        working memory besides (a piece, its text and the overlap). The links are those
+        fsspec's HTTP listing finds (its patterns: `<a href=...>` and bare http(s) URLs),
+        joined to the page's URL as a browser does. (Issue 22: a page held whole, then parsed, took the daemon to 853 MiB under
         memory=64M for a page that never ended; held within the budget while it arrived, 16
         such pages listed at once took it to 417 MiB, fragments of the pages held for a while.)"""
         from fsspec.implementations.http import ex, ex2
