@@ -24,7 +24,8 @@ answers misbehave before it serves correctly again, None = always):
 Directory pages (index pages of links, as nginx's autoindex) are right, but for the directory
 named by `endless_index` (a URL path ending in "/", or every directory below a path ending in
 "*"): a page of links (to names of `name_length` digits) without Content-Length that never
-ends (`extra` bytes at most), as an attacker's server could send.
+ends (`extra` bytes at most), as an attacker's server could send; with `index_pace` (seconds)
+it comes 50 links at a time, that long apart (a listing that lasts and takes little memory).
 
 `extra_links` adds HTML to the index pages of the directories it names (links a real
 directory could not hold: names with `/`, NUL, or over 255 bytes).
@@ -70,6 +71,7 @@ class MisbehavingHTTP:
         self.redirect_to: str | None = None
         self.endless_index: str | None = None
         self.name_length = 9  # digits of the names an endless index page links to
+        self.index_pace = 0.0  # seconds between pieces of 50 links of an endless index page (0: at once)
         self.extra_links: dict[str, str] = {}  # URL path of a directory -> HTML put on its index page
         self.extra = 1 << 30  # bytes past the range asked for, in modes long and endless
         self._bombs: dict[int, bytes] = {}
@@ -192,11 +194,15 @@ class MisbehavingHTTP:
                 self.end_headers()
                 try:
                     sent, n = 0, 0
+                    step = 50 if server.index_pace else 20000
                     while sent < server.extra:
                         page = "".join(f'<a href="f{i:0{server.name_length}d}">f{i:09d}</a>\n'
-                                       for i in range(n, n + 20000)).encode()
+                                       for i in range(n, n + step)).encode()
                         self.wfile.write(page)
-                        sent, n = sent + len(page), n + 20000
+                        sent, n = sent + len(page), n + step
+                        if server.index_pace:
+                            self.wfile.flush()
+                            time.sleep(server.index_pace)
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     pass

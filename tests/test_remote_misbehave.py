@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import errno
 import os
+import shutil
 import time
 from urllib.parse import unquote
 from pathlib import Path
@@ -189,6 +190,47 @@ def test_index_page_links_that_cannot_be_names_cost_only_themselves(tmp_path):
     finally:
         server.stop()
     assert "3 names that cannot be file names" in (tmp_path / "zvfs.log").read_text()
+
+
+def test_slow_listings_leave_reads_their_requests(store, local, tmp_path):
+    """Twenty-four directories whose index pages come slowly and never end, listed at once
+    (each lasts until the request timeout, 6 s, and is EIO): meanwhile every chunk file of both
+    arrays, read once each, reads as stored, each within 2 s (an outside attacker's 40
+    listings at once held reads up for 7.6-9.7 s: the listings took every request slot)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    served = tmp_path / "served"
+    shutil.copytree(store, served / store.name)
+    for i in range(24):
+        (served / store.name / f"e{i}").mkdir()
+    server = MisbehavingHTTP(served).start()
+    server.endless_index = f"/{store.name}/e*"
+    server.index_pace = 0.05
+    files = [f"a/c/{i}/{j}" for i in range(8) for j in range(8)] + [f"b/c/{i}/{j}/{k}" for i in range(4)
+                                                                    for j in range(4) for k in range(4)]
+    try:
+        with mount(f"{server.url}/{store.name}", tmp_path, "request_timeout=6", "retry_deadline=1", "readahead=0") as mnt:
+            def errno_of(i: int) -> int | None:
+                try:
+                    os.listdir(mnt / f"e{i}")
+                except OSError as e:
+                    return e.errno
+                return None
+
+            with ThreadPoolExecutor(24) as pool:
+                listed = pool.map(errno_of, range(24))
+                time.sleep(1)
+                took = {}
+                for name in files:
+                    t = time.monotonic()
+                    took[name] = (mnt / name).read_bytes() == (local / name).read_bytes(), time.monotonic() - t
+                assert list(listed) == [errno.EIO] * 24
+    finally:
+        server.stop()
+    slowest = max(took.items(), key=lambda kv: kv[1][1])
+    print(f"\n{len(files)} chunk files read during 24 slow listings: slowest {slowest[0]} {slowest[1][1]:.2f} s")
+    assert [name for name, (right, _) in took.items() if not right] == []
+    assert slowest[1][1] < 2, slowest
 
 
 def test_wrong_content_range_is_eio_then_right_once_the_server_behaves(store, server, local, tmp_path):

@@ -471,6 +471,43 @@ def test_slow_clients_do_not_hold_up_others(public_tmp):
             s.close()
 
 
+def test_listings_waiting_their_turn_are_answered_within_the_patience(public_tmp):
+    """Ten listings at once of directories whose index pages come slowly (about 3 s each) from
+    an HTTP store whose patience is 6 s: the server lists two at a time, and a listing that
+    could not start within the patience is 503 with Retry-After; every request is answered
+    within 11 s, each listing that was made is whole (an outside attacker: listings waiting
+    their turn were answered after 8-148 s), and a listing asked afterwards is made."""
+    from misbehaving_http import MisbehavingHTTP
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = public_tmp / "store.zarr"
+    _write(root)
+    for i in range(10):
+        (root / f"e{i}").mkdir()
+    http = MisbehavingHTTP(public_tmp).start()
+    http.endless_index, http.index_pace, http.extra = "/store.zarr/e*", 0.05, 100_000  # ~57 pieces of 50 links
+    try:
+        with ZvfsServe(f"{http.url}/store.zarr", "-o", "request_timeout=5,retry_deadline=1", "--no-access-log",
+                       log=public_tmp / "serve.log") as server:
+            def ask(i: int):
+                t = time.monotonic()
+                status, headers, body = _get(server, f"/e{i}/", {"Accept": "application/json"})
+                return status, headers, body, time.monotonic() - t
+
+            with ThreadPoolExecutor(10) as pool:
+                answers = list(pool.map(ask, range(10)))
+            status, _, after, _ = ask(0)
+    finally:
+        http.stop()
+    print("\nten slow listings at once:", [(a[0], round(a[3], 1)) for a in answers])
+    assert max(a[3] for a in answers) < 11
+    assert {a[0] for a in answers} == {200, 503}
+    assert all(a[1].get("retry-after") == "1" for a in answers if a[0] == 503)
+    listed = [len(json.loads(a[2])["entries"]) for a in answers if a[0] == 200]
+    assert listed and len(set(listed)) == 1 and listed[0] > 2000, listed
+    assert status == 200 and len(json.loads(after)["entries"]) == listed[0]
+
+
 def test_bad_source_and_address_exit_2(public_tmp):
     import subprocess
     import sys

@@ -284,8 +284,18 @@ class App:
     # -- directories
 
     async def _listing(self, send, path: str, headers: dict, query: dict, cors: list, head: bool) -> int:
-        async with self._listing_slots:
+        """A listing waits for a slot at most the store's patience, then is 503 (an outside
+        attacker's 40 listings of huge pages at once were answered after 8-148 s, waiting
+        their turn two at a time)."""
+        with trio.move_on_after(self.paths.source.store.patience) as waited:
+            await self._listing_slots.acquire()
+        if waited.cancelled_caught:
+            return await self._plain(send, 503, "too many listings under way; ask again", cors,
+                                     [("cache-control", "no-store"), ("retry-after", "1")], head)
+        try:
             return await self._listing_now(send, path, headers, query, cors, head)
+        finally:
+            self._listing_slots.release()
 
     async def _listing_now(self, send, path: str, headers: dict, query: dict, cors: list, head: bool) -> int:
         """The listing as JSON or HTML, streamed a page of entries at a time (`listdir_pages`:
