@@ -230,7 +230,7 @@ class FsspecStore(Store):
         self.request_timeout = request_timeout
         self.patience = deadline + request_timeout  # every call ends within it (`_run`)
         self._limiter = trio.CapacityLimiter(max_requests)
-        self._listings = trio.CapacityLimiter(max(1, max_requests // LISTING_SHARE))
+        self._listings = trio.CapacityLimiter(max(1, max_requests - max(1, max_requests // READ_SHARE)))
         protocols = _protocols(fs)
         self.http = any(p in ("http", "https") for p in protocols)
         self.s3 = any(p in ("s3", "s3a") for p in protocols)
@@ -453,9 +453,10 @@ class FsspecStore(Store):
         ended took the daemon to 853 MiB under memory=64M, one of a million links to 609 MiB).
         Other fsspec backends list whole, then are counted.
 
-        At most a `LISTING_SHARE`th of the request slots list at once, waiting besides their
-        deadline: the rest are left to reads (an outside attacker's 40 listings of slow index
-        pages at once took every slot and held reads of other files up 7.6-9.7 s)."""
+        Listings under way leave a `READ_SHARE`th of the request slots to reads, waiting for
+        their turn besides their deadline (an outside attacker's 40 listings of slow index pages
+        at once took every slot and held reads of other files up 7.6-9.7 s). Not fewer
+        listings at once: an array's chunk listing lists its row directories together."""
         async with self._listings:
             return await self._list(prefix)
 
@@ -825,8 +826,8 @@ async def answer_body(url: str, partial: bool, content_range: str | None, announ
     return await _read_exactly(read, end - first, url, announced), announced
 
 
-#: listings under way take at most one in this many request slots (`list`)
-LISTING_SHARE = 4
+#: one in this many request slots is left to reads, whatever the listings under way (`list`)
+READ_SHARE = 4
 #: the largest piece asked of a body at a time (bytes before a range are dropped piece by piece)
 PIECE = 1 << 20
 #: an href that names a file or directory below its page as it is, as index pages link (no
