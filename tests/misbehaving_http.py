@@ -52,6 +52,28 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from servers import _wait_port, free_port, serve_in_thread, stop_server
 
 
+def serving_endless_dirs(store: Path, served: Path, count: int) -> MisbehavingHTTP:
+    """A copy of `store` in `served`, with `count` directories `e0`, `e1`, ... whose index
+    pages never end, served (started)."""
+    import shutil
+
+    shutil.copytree(store, served / store.name)
+    for i in range(count):
+        (served / store.name / f"e{i}").mkdir()
+    server = MisbehavingHTTP(served).start()
+    server.endless_index = f"/{store.name}/e*"
+    return server
+
+
+def listdir_errno(path: Path) -> int | None:
+    """The errno of listing `path`, None if it lists."""
+    try:
+        os.listdir(path)
+    except OSError as e:
+        return e.errno
+    return None
+
+
 @dataclass
 class Seen:
     method: str

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ZVFS, is_mounted, unmount, zvfs_mount
-from misbehaving_http import FaultTCP, MisbehavingHTTP
+from misbehaving_http import FaultTCP, MisbehavingHTTP, listdir_errno, serving_endless_dirs
 from servers import GCS, S3
 
 BUDGET = "memory=64M"
@@ -206,26 +206,14 @@ def test_index_pages_listed_at_once_stay_within_the_budget_together(store, tmp_p
     the pages were held within the budget as they arrived, then parsed; each page is now
     parsed as it arrives, never held, and the links it yields counted at what they take)."""
     root, _ = store
-    served = tmp_path / "served"
-    shutil.copytree(root, served / root.name)
-    for i in range(16):
-        (served / root.name / f"e{i}").mkdir()
-    server = MisbehavingHTTP(served).start()
-    server.endless_index = f"/{root.name}/e*"
+    server = serving_endless_dirs(root, tmp_path / "served", 16)
     server.name_length = 160
     log = tmp_path / "zvfs.log"
     try:
         with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=log, options=(BUDGET,)) as mnt:
-            def errno_of(i: int) -> int | None:
-                try:
-                    os.listdir(mnt / f"e{i}")
-                except OSError as e:
-                    return e.errno
-                return None
-
             for _ in range(2):
                 with ThreadPoolExecutor(16) as pool:
-                    got = list(pool.map(errno_of, range(16)))
+                    got = list(pool.map(listdir_errno, [mnt / f"e{i}" for i in range(16)]))
                 assert got == [errno.EIO] * 16
             peak = vm_hwm(daemon_pid(mnt))
             assert sorted(os.listdir(mnt / "a")) == ["c", "zarr.json"]

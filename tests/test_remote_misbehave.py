@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import errno
 import os
-import shutil
 import time
 from urllib.parse import unquote
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import zvfs_mount
-from misbehaving_http import FaultTCP, MisbehavingHTTP
+from misbehaving_http import FaultTCP, MisbehavingHTTP, listdir_errno, serving_endless_dirs
 from servers import S3, FaultProxy, Nginx
 
 from zvfs.storage.remote import FAILURE_MEMORY, GRACE
@@ -199,26 +198,14 @@ def test_slow_listings_leave_reads_their_requests(store, local, tmp_path):
     listings at once held reads up for 7.6-9.7 s: the listings took every request slot)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    served = tmp_path / "served"
-    shutil.copytree(store, served / store.name)
-    for i in range(24):
-        (served / store.name / f"e{i}").mkdir()
-    server = MisbehavingHTTP(served).start()
-    server.endless_index = f"/{store.name}/e*"
+    server = serving_endless_dirs(store, tmp_path / "served", 24)
     server.index_pace = 0.05
     files = [f"a/c/{i}/{j}" for i in range(8) for j in range(8)] + [f"b/c/{i}/{j}/{k}" for i in range(4)
                                                                     for j in range(4) for k in range(4)]
     try:
         with mount(f"{server.url}/{store.name}", tmp_path, "request_timeout=6", "retry_deadline=1", "readahead=0") as mnt:
-            def errno_of(i: int) -> int | None:
-                try:
-                    os.listdir(mnt / f"e{i}")
-                except OSError as e:
-                    return e.errno
-                return None
-
             with ThreadPoolExecutor(24) as pool:
-                listed = pool.map(errno_of, range(24))
+                listed = pool.map(listdir_errno, [mnt / f"e{i}" for i in range(24)])
                 time.sleep(1)
                 took = {}
                 for name in files:
