@@ -100,6 +100,45 @@ def test_a_mount_that_would_read_itself_is_refused(store, case, foreground):
     assert not mounted, f"mounted anyway: {mounted}"
 
 
+BOUND = {  # case -> (source, mount point) relative to the test's directory; words of the refusal
+    "inside the source reached through a bind mount": ("bound", "s.zarr/sub", "is inside the source"),
+    "the source reached through a bind mount": ("bound", "s.zarr", "is the source"),
+    "above the source reached through a bind mount": ("bound-base/s.zarr", ".", "is above the source"),
+}
+
+
+@pytest.mark.parametrize("case", BOUND)
+def test_a_mount_that_would_read_itself_through_a_bind_mount_is_refused(store, case):
+    """The source reached through a bind mount (`bound` of s.zarr, `bound-base` of the test's
+    directory), shared as systemd makes mounts: a mount point inside, at or above it by its
+    other path. (An outside attacker's was accepted: it propagated inside its own source, and
+    `find` went 265 levels deep.)"""
+    base = store.parent
+    source, point, words = BOUND[case]
+    binds = [(store, base / "bound"), (base, base.parent / f"{base.name}-bound-base")]
+    try:
+        for what, where in binds:
+            where.mkdir()
+            subprocess.run(["mount", "--bind", what, where], check=True, capture_output=True)
+            subprocess.run(["mount", "--make-shared", where], check=True, capture_output=True)
+        (base / "bound-base").symlink_to(binds[1][1])
+        try:
+            r = run_zvfs("mount", base / source, base / point, timeout=QUICK)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"zvfs mount {source} {point} did not return (it mounted, and serves itself)")
+        mounted = _fuse_mounts_under(base) + _fuse_mounts_under(binds[1][1])
+    finally:
+        _release(base)
+        _release(binds[1][1])
+        for _, where in reversed(binds):
+            subprocess.run(["umount", "-l", where], capture_output=True)
+            where.rmdir()
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    msg = _one_line(r.stderr)
+    assert words in msg and "would read itself" in msg, msg
+    assert not mounted, f"mounted anyway: {mounted}"
+
+
 def test_a_mount_point_that_holds_files_is_refused_unless_nonempty(store, tmp_path):
     point = tmp_path / "full"
     point.mkdir()

@@ -171,16 +171,53 @@ def _refuse_recursion(source: str, mountpoint: str) -> None:
     """A mount point equal to, inside or above a local source (symlinks resolved) would make the
     daemon read its own mount: `ls` of it hung in D state for good (the daemon's listing thread
     waited on the inode lock the listing held), a mount point inside recursed (`find` showed
-    sub/sub/sub/...)."""
+    sub/sub/sub/...). Judged by path, then by identity (device and inode), which a bind mount
+    keeps: an outside attacker's source reached through a bind mount of a shared mount (as
+    systemd makes them) had the mount propagate inside it (`find` 265 levels deep)."""
     path = _local_path(source)
     if path is None:
         return
     src, point = os.path.realpath(path), resolved(mountpoint)
     common = os.path.commonpath([src, point])
-    if common not in (src, point):
-        return
-    where = "is the source" if src == point else "is inside the source" if common == src else "is above the source"
+    if common in (src, point):
+        where = "is the source" if src == point else "is inside the source" if common == src else "is above the source"
+    else:
+        where = _same_directory(src, point)
+        if where is None:
+            return
     raise MetadataError(mountpoint, f"mount point {where} {src}: the mount would read itself (choose a directory outside it)")
+
+
+def _same_directory(src: str, point: str) -> str | None:
+    """Whether `point` is `src`, inside or above it by identity, not path (through a bind
+    mount), as "is the source", ...; None if not. The mount point itself is stat'ed only when
+    nothing is mounted on it (`check_mountpoint`: never a stat another file system answers)."""
+    def identity(path: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def up(path: str):
+        while True:
+            yield path
+            parent = os.path.dirname(path)
+            if parent == path:
+                return
+            path = parent
+
+    own = identity(src)
+    if own is None:
+        return None  # (opening it says why)
+    here = identity(point) if not any(m.point == point for m in _mounts()) else None
+    if here == own:
+        return "is the source"
+    if any(identity(p) == own for p in up(os.path.dirname(point))):
+        return "is inside the source"
+    if here is not None and any(identity(p) == here for p in up(os.path.dirname(src))):
+        return "is above the source"
+    return None
 
 
 def _refuse_hiding(mountpoint: str) -> None:
