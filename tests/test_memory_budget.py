@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ZVFS, is_mounted, unmount, zvfs_mount
+from conftest import ZVFS, is_mounted, run_zvfs, unmount, zvfs_mount
 from misbehaving_http import FaultTCP, MisbehavingHTTP, listdir_errno, serving_endless_dirs
 from servers import GCS, S3
 
@@ -222,6 +222,57 @@ def test_index_pages_listed_at_once_stay_within_the_budget_together(store, tmp_p
     print(f"\n16 endless index pages at once, twice: daemon peak RSS {peak >> 20} MiB")
     assert peak < CEILING, f"daemon peak RSS {peak >> 20} MiB"
     assert "-o memory=" in log.read_text()
+
+
+def test_a_refused_listing_is_not_made_again_for_each_ls_waiting_behind_it(store, tmp_path):
+    """Eight `ls` at once of one directory whose index page never ends: the kernel asks for
+    one directory one request at a time, and each is EIO about as soon as the first (an
+    outside attacker: each waiting `ls` made the refused listing again, 16 ended 4-5 s apart,
+    the last after 67 s, past the 50 s patience); `zvfs refresh` lets it be tried again."""
+    root, _ = store
+    server = serving_endless_dirs(root, tmp_path / "served", 2)
+    try:
+        with zvfs_mount(f"{server.url}/{root.name}", tmp_path / "mnt", log=tmp_path / "zvfs.log", options=(BUDGET,)) as mnt:
+            t = time.monotonic()
+            assert listdir_errno(mnt / "e0") == errno.EIO
+            alone = time.monotonic() - t
+
+            def timed(_) -> tuple[int | None, float]:
+                t = time.monotonic()
+                return listdir_errno(mnt / "e1"), time.monotonic() - t
+
+            with ThreadPoolExecutor(8) as pool:
+                got = list(pool.map(timed, range(8)))
+            run_zvfs("refresh", mnt)
+            t = time.monotonic()
+            again = listdir_errno(mnt / "e1"), time.monotonic() - t
+    finally:
+        server.stop()
+    print(f"\none refused listing {alone:.1f} s; 8 at once of another: {[round(w, 1) for _, w in got]}; after refresh {again[1]:.1f} s")
+    assert [e for e, _ in got] == [errno.EIO] * 8
+    assert max(w for _, w in got) < 2 * alone + 1.5, got
+    assert again[0] == errno.EIO and again[1] > alone / 4  # (made again, not remembered)
+
+
+def test_serve_says_a_listing_past_the_budget_is_too_large_not_a_backend_fault(store, tmp_path):
+    """`zvfs serve` of an HTTP store under memory=64M: a directory whose index page never ends
+    is 503 saying it is too large to list (was 502, which says the backend failed), not cached."""
+    import urllib.error
+    import urllib.request
+
+    from servers import ZvfsServe
+
+    root, _ = store
+    server = serving_endless_dirs(root, tmp_path / "served", 1)
+    try:
+        with ZvfsServe(f"{server.url}/{root.name}", "-o", BUDGET, "--no-access-log", log=tmp_path / "serve.log") as front:
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{front.url}/e0/?format=json", timeout=60)
+    finally:
+        server.stop()
+    body = refused.value.read().decode()
+    assert refused.value.code == 503 and "too large to list" in body, (refused.value.code, body)
+    assert refused.value.headers["Cache-Control"] == "no-store"
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs"])

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import trio
 
 from ..core.paths import BadPath, OpenFile, Paths, Stat
-from ..errors import CorruptShardError, Gone, ShardChanged, StorageError, TooManyOpen, first_time
+from ..errors import CorruptShardError, DirectoryTooLarge, Gone, ShardChanged, StorageError, TooManyOpen, first_time
+from ..tree.nodes import ListingTooLarge
 
 log = logging.getLogger("zvfs.http")
 
@@ -423,6 +424,9 @@ class App:
             return 503, "too many files open; ask again"
         if isinstance(e, CorruptShardError):
             return 500, "damaged shard"
+        if isinstance(e, (DirectoryTooLarge, ListingTooLarge)):
+            self._log_failure(e)
+            return 503, "too large to list within the server's memory budget (now)"
         if isinstance(e, StorageError):
             self._log_failure(e)
             return 502, "the store did not answer"

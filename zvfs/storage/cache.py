@@ -6,7 +6,12 @@ load instead of issuing their own (single flight): a directory listing that fans
 many chunks of one shard costs one index read.
 
 Loaders may fail. `CorruptShardError` is a property of immutable bytes and is cached like a
-value (so a bad shard is reported once, not on every read); other errors are not cached.
+value (so a bad shard is reported once, not on every read); other errors are not cached, but a
+listing refused for the memory budget (`DirectoryTooLarge`) is answered so, at once, for as
+long as it took to find out (at most the patience): the kernel asks for one directory one
+request at a time, so each `ls` waiting behind a refused one made it again (an outside
+attacker's 16 `ls` at once of a directory whose index page never ends ended 4-5 s apart,
+the last after 67 s, past the 50 s patience).
 Neither is anything read from a version that is not settled (`Version.settled`: a local file
 changed too recently to prove that its tag will change with its next write): it serves the
 requests waiting for that load and is read again by the next one.
@@ -38,7 +43,7 @@ from typing import Any, Awaitable, Callable, Hashable
 
 import trio
 
-from ..errors import CorruptShardError, ShardChanged, StorageError
+from ..errors import CorruptShardError, DirectoryTooLarge, ShardChanged, StorageError
 from .base import Store
 
 log = logging.getLogger("zvfs.cache")
@@ -78,6 +83,8 @@ def decoded_size(value: Any) -> int:
 
 #: bytes an entry costs besides its value (the OrderedDict slot, key and tuple)
 ENTRY_COST = 64
+#: refused listings remembered at most (module docstring); past it, the expired are forgotten
+REFUSALS_KEPT = 1024
 
 
 class CoalescingCache:
@@ -94,6 +101,7 @@ class CoalescingCache:
         self._bytes = 0
         self._flights: dict[Hashable, _Flight] = {}
         self._checked: dict[Hashable, float] = {}  # key -> when its source's version last matched
+        self._refused: dict[Hashable, tuple[float, str]] = {}  # key -> (until, message): DirectoryTooLarge
         self.hits = 0
         self.misses = 0
         #: seconds a request waits for a load at most (None: as long as it takes; module
@@ -112,6 +120,11 @@ class CoalescingCache:
             self.hits += 1
             return _unwrap(hit[0])
         flight = self._flights.get(key)
+        refused = self._refused.get(key) if flight is None else None
+        if refused is not None:
+            if trio.current_time() < refused[0]:
+                raise DirectoryTooLarge(refused[1])
+            del self._refused[key]
         if flight is None:
             self.misses += 1
             flight = self._flights[key] = _Flight()
@@ -140,6 +153,7 @@ class CoalescingCache:
         """One load, for the request that found no flight (without a patience: in its task) or
         in a system task of its own (it outlives the requests that wait for it, and ends with
         the daemon); what it brings back is in `flight` when `flight.done` is set."""
+        start = trio.current_time()
         try:
             try:
                 value = await load()
@@ -147,6 +161,9 @@ class CoalescingCache:
                 value = _Failed(e)
             flight.value = value
             self._put(key, value)
+        except DirectoryTooLarge as e:
+            flight.error = e
+            self._refuse(key, str(e), trio.current_time() - start)
         except trio.Cancelled:
             flight.error = StorageError(f"{self._where(key)}: its read was cancelled")
             raise
@@ -157,6 +174,14 @@ class CoalescingCache:
         finally:
             del self._flights[key]
             flight.done.set()
+
+    def _refuse(self, key: Hashable, message: str, took: float) -> None:
+        if len(self._refused) >= REFUSALS_KEPT:
+            now = trio.current_time()
+            self._refused = {k: v for k, v in self._refused.items() if v[0] > now}
+            if len(self._refused) >= REFUSALS_KEPT:
+                self._refused.clear()
+        self._refused[key] = (trio.current_time() + min(took, math.inf if self.patience is None else self.patience), message)
 
     def _where(self, key: Hashable) -> str:
         """The store key a cache key is about (its longest string, past a leading tag such as
@@ -199,6 +224,7 @@ class CoalescingCache:
         """Forget one entry (its source changed)."""
         hit = self._entries.pop(key, None)
         self._checked.pop(key, None)
+        self._refused.pop(key, None)
         if hit is not None:
             self._bytes -= hit[1]
 
@@ -206,6 +232,7 @@ class CoalescingCache:
         """Forget everything (`zvfs refresh`); loads in flight finish and are kept."""
         self._entries.clear()
         self._checked.clear()
+        self._refused.clear()
         self._bytes = 0
 
     def _put(self, key: Hashable, value: Any) -> None:
