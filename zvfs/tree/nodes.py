@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
-import trio
 
 from ..errors import Gone, ShardChanged, Stale, StorageError
 from ..formats.chunkref import ChunkRef
@@ -46,11 +45,6 @@ RECENT = 4096  # computed nodes kept after a lookup or listing
 #: repeated three times running about once in 37,000 opens; each more attempt costs only the
 #: opens that race, one index read each)
 RELOCATE_ATTEMPTS = 8
-#: listings of more entries are sorted and digested in a worker thread, not on the loop: one of
-#: 50,000 names takes 110-130 ms of CPU (`Listing.of` plus the check of its names), which
-#: other reads waited for (an outside attacker saw 0.3-0.8 s with one listing, 7.6-9.7 s
-#: with 40); a thread hop costs ~0.1 ms, a listing of 2,048 names ~5 ms
-LISTING_ON_LOOP = 2048
 
 
 class Stamp(NamedTuple):
@@ -650,6 +644,7 @@ class RowsBudget:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.used = 0
+        self._shared: dict[int, list] = {}  # id(listing) -> [listing, holders, bytes]
 
     def take(self, nbytes: int) -> bool:
         """Reserve `nbytes` more (a negative number gives back); False, and nothing taken,
@@ -658,6 +653,28 @@ class RowsBudget:
             return False
         self.used += nbytes
         return True
+
+    def share(self, listing: Listing, force: bool = False) -> bool:
+        """Hold `listing` once however many handles hold it (an outside attacker: 9 of 10 `ls`
+        at once of one directory were EIO, its listing counted once per handle); `force`: even
+        past the budget. False, and nothing held, when it does not fit."""
+        held = self._shared.get(id(listing))
+        if held is not None:
+            held[1] += 1
+            return True
+        if not self.take(listing.nbytes):
+            if not force:
+                return False
+            self.used += listing.nbytes
+        self._shared[id(listing)] = [listing, 1, listing.nbytes]
+        return True
+
+    def unshare(self, listing: Listing) -> None:
+        held = self._shared[id(listing)]
+        held[1] -= 1
+        if not held[1]:
+            del self._shared[id(listing)]
+            self.used -= held[2]
 
 
 class HeldRows(Rows):
@@ -696,18 +713,26 @@ class ListingRows(HeldRows):
     handle is open, whatever its cache does, so it counts in the tree's `RowsBudget`: one
     larger than the whole budget only alone (as the cache keeps one), and a listing that does
     not fit beside the others held is ListingTooLarge (an outside attacker's 12 handles on
-    directories of 50,000 long names held 340 MB under `memory=64M`)."""
+    directories of 50,000 long names held 340 MB under `memory=64M`). Handles of one listing
+    hold it once (`RowsBudget.share`)."""
 
     def __init__(self, listing: Listing, start: int, budget: RowsBudget, where: str):
         super().__init__(budget)
         self.listing = listing
         self.start = start
         self.names = listing.names
-        if not self.hold(listing.nbytes, force=not budget.used):
+        self.sharing = False
+        self.sharing = budget.share(listing, force=not budget.used)
+        if not self.sharing:
             raise ListingTooLarge(
                 f"{where}: listing this directory ({len(listing.names)} entries, {listing.nbytes >> 10} KiB) would take more "
                 f"than the {budget.max_bytes >> 10} KiB that the listings of open directories may hold ({budget.used >> 10} "
                 "KiB held by other open directories); raise -o memory= (or index_cache=)")
+
+    def release(self) -> None:
+        if self.sharing:
+            self.sharing = False
+            self.budget.unshare(self.listing)
 
     def window(self, start: int, stop: int) -> tuple[list, list, list, list, list, list]:
         li = self.listing
@@ -755,19 +780,14 @@ class StoreDir:
             entries = await self.store.list(self.prefix)
             if entries is None:
                 return None
-            if len(entries) <= LISTING_ON_LOOP:
-                return self._listing_of(entries)
-            return await trio.to_thread.run_sync(self._listing_of, entries)
+            if not self.store.names_are_file_names:
+                entries = _usable(entries, f"{self.store.display}/{self.prefix}")
+            return Listing.of(entries)
 
         found = await self.tree.listings.get(("listing", id(self.store), self.prefix), load)
         if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
             self.numbering = _Numbering(self, found.digest, len(found.names))
         return found
-
-    def _listing_of(self, entries: "list[Entry] | Entries") -> Listing:
-        if not self.store.names_are_file_names:
-            entries = _usable(entries, f"{self.store.display}/{self.prefix}")
-        return Listing.of(entries)
 
     @property
     def start(self) -> int:
