@@ -104,18 +104,21 @@ BOUND = {  # case -> (source, mount point) relative to the test's directory; wor
     "inside the source reached through a bind mount": ("bound", "s.zarr/sub", "is inside the source"),
     "the source reached through a bind mount": ("bound", "s.zarr", "is the source"),
     "above the source reached through a bind mount": ("bound-base/s.zarr", ".", "is above the source"),
+    "inside a bind of a directory inside the source": ("s.zarr", "sub-bound/x", "is inside the source"),
+    "a bind of a directory above the source": ("s.zarr", "bound-base", "is above the source"),
 }
 
 
 @pytest.mark.parametrize("case", BOUND)
 def test_a_mount_that_would_read_itself_through_a_bind_mount_is_refused(store, case):
     """The source reached through a bind mount (`bound` of s.zarr, `bound-base` of the test's
-    directory), shared as systemd makes mounts: a mount point inside, at or above it by its
-    other path. (An outside attacker's was accepted: it propagated inside its own source, and
-    `find` went 265 levels deep.)"""
+    directory, `sub-bound` of a directory inside s.zarr), shared as systemd makes mounts: a
+    mount point inside, at or above it by another path. (Outside attackers' were accepted:
+    they propagated inside their own source, and `find` went 265 levels deep.)"""
     base = store.parent
     source, point, words = BOUND[case]
-    binds = [(store, base / "bound"), (base, base.parent / f"{base.name}-bound-base")]
+    (store / "sub" / "x").mkdir()
+    binds = [(store, base / "bound"), (base, base.parent / f"{base.name}-bound-base"), (store / "sub", base / "sub-bound")]
     try:
         for what, where in binds:
             where.mkdir()

@@ -63,6 +63,8 @@ class Mount:
     point: str
     fstype: str
     source: str
+    device: str = ""  # the file system's major:minor
+    root: str = "/"  # the directory of that file system mounted here (a bind mount's: below its root)
 
 
 def _unescape(field: str) -> str:
@@ -76,7 +78,8 @@ def _mounts() -> list[Mount]:
         for line in f:
             fields = line.split()
             sep = fields.index("-")
-            out.append(Mount(_unescape(fields[4]), _unescape(fields[sep + 1]), _unescape(fields[sep + 2])))
+            out.append(Mount(_unescape(fields[4]), _unescape(fields[sep + 1]), _unescape(fields[sep + 2]), fields[2],
+                             _unescape(fields[3])))
     return out
 
 
@@ -171,9 +174,11 @@ def _refuse_recursion(source: str, mountpoint: str) -> None:
     """A mount point equal to, inside or above a local source (symlinks resolved) would make the
     daemon read its own mount: `ls` of it hung in D state for good (the daemon's listing thread
     waited on the inode lock the listing held), a mount point inside recursed (`find` showed
-    sub/sub/sub/...). Judged by path, then by identity (device and inode), which a bind mount
-    keeps: an outside attacker's source reached through a bind mount of a shared mount (as
-    systemd makes them) had the mount propagate inside it (`find` 265 levels deep)."""
+    sub/sub/sub/...). Judged by path, then by where each lies in its file system (the mount
+    table's device and root: a bind mount shows a directory by another path, and a shared one
+    passes mounts on to its peers; outside attackers' sources reached through binds of the
+    store, of its parent or of a directory inside it had the mount propagate inside its own
+    source, `find` 265 levels deep). Nothing is stat'ed."""
     path = _local_path(source)
     if path is None:
         return
@@ -182,42 +187,28 @@ def _refuse_recursion(source: str, mountpoint: str) -> None:
     if common in (src, point):
         where = "is the source" if src == point else "is inside the source" if common == src else "is above the source"
     else:
-        where = _same_directory(src, point)
-        if where is None:
+        mounts = _mounts()
+        src_in, point_in = _in_file_system(src, mounts), _in_file_system(point, mounts)
+        if src_in[0] != point_in[0]:
             return
+        inner = os.path.commonpath([src_in[1], point_in[1]])
+        if inner not in (src_in[1], point_in[1]):
+            return
+        where = ("is the source" if src_in == point_in else "is inside the source" if inner == src_in[1]
+                 else "is above the source")
+        where += " (by another path)"
     raise MetadataError(mountpoint, f"mount point {where} {src}: the mount would read itself (choose a directory outside it)")
 
 
-def _same_directory(src: str, point: str) -> str | None:
-    """Whether `point` is `src`, inside or above it by identity, not path (through a bind
-    mount), as "is the source", ...; None if not. The mount point itself is stat'ed only when
-    nothing is mounted on it (`check_mountpoint`: never a stat another file system answers)."""
-    def identity(path: str) -> tuple[int, int] | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino
-
-    def up(path: str):
-        while True:
-            yield path
-            parent = os.path.dirname(path)
-            if parent == path:
-                return
-            path = parent
-
-    own = identity(src)
-    if own is None:
-        return None  # (opening it says why)
-    here = identity(point) if not any(m.point == point for m in _mounts()) else None
-    if here == own:
-        return "is the source"
-    if any(identity(p) == own for p in up(os.path.dirname(point))):
-        return "is inside the source"
-    if here is not None and any(identity(p) == here for p in up(os.path.dirname(src))):
-        return "is above the source"
-    return None
+def _in_file_system(path: str, mounts: list[Mount]) -> tuple[str, str]:
+    """(device, path inside that file system) of an absolute, resolved `path`: from the topmost
+    mount holding it (a mount on `path` itself included: mounting over it mounts over that
+    mount's root, and so over its peers')."""
+    best = Mount("/", "", "")
+    for m in mounts:
+        if (path == m.point or path.startswith(m.point.rstrip("/") + "/")) and len(m.point) >= len(best.point):
+            best = m
+    return best.device, (best.root.rstrip("/") + path[len(best.point.rstrip("/")):]) or "/"
 
 
 def _refuse_hiding(mountpoint: str) -> None:
