@@ -10,8 +10,9 @@ worker; no HTTP parsing here.
   closes before its `Content-Length`), never bytes of two versions.
 - 404 for a file not in the tree (an absent chunk: readers use the fill value), 403 for what
   the store does not let everyone read, 400 for a path that can never name a node; a backend
-  fault (502), a damaged shard (500), a shard that changed during the request or a listing
-  that could not start within the store's patience (503) answers one line, with `Cache-Control: no-store`; details go to the log.
+  fault (502), a damaged shard (500), a shard that changed during the request, a listing that
+  could not start within the store's patience or one too large for the memory budget (503)
+  answers one line, with `Cache-Control: no-store`; details go to the log.
 - Directories: an HTML page of links (as nginx's autoindex: what fsspec's HTTP filesystem,
   and so zarr-python listing a group over HTTP, and wget read), or JSON (`{"entries": [...]}`)
   when the client asks for it (`Accept: application/json`, `?format=json`).

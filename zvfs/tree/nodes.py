@@ -662,11 +662,12 @@ class RowsBudget:
         if held is not None:
             held[1] += 1
             return True
-        if not self.take(listing.nbytes):
+        nbytes = listing.nbytes
+        if not self.take(nbytes):
             if not force:
                 return False
-            self.used += listing.nbytes
-        self._shared[id(listing)] = [listing, 1, listing.nbytes]
+            self.used += nbytes
+        self._shared[id(listing)] = [listing, 1, nbytes]
         return True
 
     def unshare(self, listing: Listing) -> None:
