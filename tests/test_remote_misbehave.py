@@ -192,18 +192,18 @@ def test_index_page_links_that_cannot_be_names_cost_only_themselves(tmp_path):
 
 
 def test_slow_listings_leave_reads_their_requests(store, local, tmp_path):
-    """Twenty-four directories whose index pages come slowly and never end, listed at once
-    (each lasts until the request timeout, 6 s, and is EIO): meanwhile every chunk file of both
-    arrays, read once each, reads as stored, each within 2 s (an outside attacker's 40
-    listings at once held reads up for 7.6-9.7 s: the listings took every request slot)."""
+    """Twenty-four directories whose index pages come slowly (about 8 s each, within the
+    request timeout), listed at once: meanwhile every chunk file of both arrays, read once
+    each, reads as stored, each within 2 s (an outside attacker's 40 listings at once held
+    reads up for 7.6-9.7 s: the listings took every request slot), and every page lists."""
     from concurrent.futures import ThreadPoolExecutor
 
     server = serving_endless_dirs(store, tmp_path / "served", 24)
-    server.index_pace = 0.05
+    server.index_pace, server.extra = 0.05, 280_000  # (~160 pieces of 50 links, then the page ends)
     files = [f"a/c/{i}/{j}" for i in range(8) for j in range(8)] + [f"b/c/{i}/{j}/{k}" for i in range(4)
                                                                     for j in range(4) for k in range(4)]
     try:
-        with mount(f"{server.url}/{store.name}", tmp_path, "request_timeout=6", "retry_deadline=1", "readahead=0") as mnt:
+        with mount(f"{server.url}/{store.name}", tmp_path, "request_timeout=30", "readahead=0") as mnt:
             with ThreadPoolExecutor(24) as pool:
                 listed = pool.map(listdir_errno, [mnt / f"e{i}" for i in range(24)])
                 time.sleep(1)
@@ -211,7 +211,7 @@ def test_slow_listings_leave_reads_their_requests(store, local, tmp_path):
                 for name in files:
                     t = time.monotonic()
                     took[name] = (mnt / name).read_bytes() == (local / name).read_bytes(), time.monotonic() - t
-                assert list(listed) == [errno.EIO] * 24
+                assert list(listed) == [None] * 24
     finally:
         server.stop()
     slowest = max(took.items(), key=lambda kv: kv[1][1])
