@@ -10,10 +10,13 @@ the same data (the chunk files are the inner chunks' bytes), never from zvfs.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import random
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -275,6 +278,62 @@ def test_a_name_never_serves_another_file(tmp_path):
         with pytest.raises(FileNotFoundError):  # (its stat may still come from the kernel's cache)
             (mnt / "misc" / "f000").read_text()
         assert sorted(os.listdir(mnt / "misc")) == sorted(os.listdir(misc))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_plain_directory_shows_what_it_holds_now(tmp_path, seed):
+    """A local directory shown as stored kept its listing until `zvfs refresh` (or its
+    eviction): files made in it were ENOENT for 10 minutes and more (an outside attacker).
+    Random writer steps (new names, some sorting first; removals; renames over a name;
+    rewrites; new directories) in a plain directory and one below it, each followed at once
+    by opens of every name the store holds there (each reads its own bytes) and of the names
+    removed (ENOENT); every few steps, a listing a little over a second later is the store's."""
+    rng = random.Random(seed)
+    src = tmp_path / "store.zarr"
+    zarr.create_group(str(src))
+    top = src / "misc"
+    dirs = [top, top / "sub"]
+    dirs[1].mkdir(parents=True)
+    for d in dirs:
+        for i in range(20):
+            (d / f"f{i:03d}").write_bytes(f"{d.name} {i}\n".encode() * rng.randint(1, 50))
+    made = itertools.count()
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        shown = {d: mnt / d.relative_to(src) for d in dirs}
+        for d in dirs:
+            assert sorted(os.listdir(shown[d])) == sorted(os.listdir(d))  # listed, and kept
+        for step in range(40):
+            d = rng.choice(dirs)
+            files = sorted(f.name for f in d.iterdir() if f.is_file())
+            removed = []
+            what = rng.choice(["new", "new", "remove", "rename", "rewrite", "mkdir"])
+            if what == "new":
+                name = f"{rng.choice('af')}{next(made):03d}-{step}"
+                (d / name).write_bytes(f"{name}\n".encode() * rng.randint(1, 50))
+            elif what == "remove" and files:
+                removed.append(rng.choice(files))
+                (d / removed[0]).unlink()
+            elif what == "rename" and len(files) > 1:
+                a, b = rng.sample(files, 2)
+                os.replace(d / a, d / b)
+                removed.append(a)
+            elif what == "rewrite" and files:
+                (d / rng.choice(files)).write_bytes(f"rewritten at {step}\n".encode() * rng.randint(1, 50))
+            elif what == "mkdir":
+                new = top / f"d{next(made):03d}"
+                new.mkdir()
+                (new / "inside").write_bytes(f"inside {new.name}\n".encode())
+                assert (mnt / new.relative_to(src) / "inside").read_bytes() == (new / "inside").read_bytes()
+            for name in sorted(f.name for f in d.iterdir() if f.is_file()):
+                assert (shown[d] / name).read_bytes() == (d / name).read_bytes(), (step, what, name)
+            for name in removed:
+                with pytest.raises(FileNotFoundError):
+                    (shown[d] / name).read_bytes()
+            if step % 8 == 7:
+                time.sleep(1.2)  # (LISTING_MAX_AGE: a listing shows changes within a second)
+                for d in dirs:
+                    assert sorted(os.listdir(shown[d])) == sorted(os.listdir(d)), step
+                assert sorted(os.listdir(mnt / "misc")) == sorted(os.listdir(top))
 
 
 def _bad_shard(shard: Path, kind: str, outside: Path) -> None:

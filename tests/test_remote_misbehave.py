@@ -23,7 +23,7 @@ from conftest import zvfs_mount
 from misbehaving_http import FaultTCP, MisbehavingHTTP, listdir_errno, serving_endless_dirs
 from servers import S3, FaultProxy, Nginx
 
-from zvfs.storage.remote import FAILURE_MEMORY, GRACE
+from zvfs.storage.remote import FAILURE_MEMORY, GRACE, Unanswered
 
 pytestmark = pytest.mark.mount
 
@@ -140,6 +140,38 @@ async def test_an_index_page_lists_what_fsspec_finds_on_it(tmp_path):
         server.stop()
     extra = sorted(set(ours) ^ set(theirs))[:5], sorted(n for n in ours if not n.startswith("n-"))[:5]
     assert len(ours) == 100_000 and ours == theirs, extra  # (names, and which are directories)
+
+
+async def test_a_listing_past_its_request_timeout_begins_no_stall(tmp_path):
+    """An index page that outlasts the request timeout is that listing's failure, not a sign
+    the server stopped answering. It began a stall: a read made right after had a probe of
+    50 ms to answer in, and in a loaded CI run a read was EIO. Here the page comes slowly
+    (never ends), and a read a little later is answered on its second attempt, 0.3 s late."""
+    import trio
+
+    from zvfs.storage.open import open_store
+    from zvfs.storage.remote import PROBE_MIN
+
+    root = tmp_path / "served" / "s.zarr"
+    (root / "e").mkdir(parents=True)
+    (root / "a").write_bytes(bytes(range(256)) * 16)
+    server = MisbehavingHTTP(root.parent, stall=0.3).start()
+    server.endless_index, server.index_pace, server.extra = "/s.zarr/e/", 0.05, 1 << 20
+    store = open_store(f"{server.url}/s.zarr", readahead=0, deadline=2.0, request_timeout=1.0)
+    try:
+        began = time.monotonic()
+        with pytest.raises(Unanswered):
+            await store.list("e")
+        # past the listing's whole bound (deadline + request timeout), within the GRACE after it:
+        # where a stall it began gives a call only a probe
+        await trio.sleep(max(0.0, began + 2.0 + 1.0 + 0.1 - time.monotonic()))
+        server.set("stall", times=1)  # the first ranged GET: no answer for 0.3 s (then retried)
+        start = time.monotonic()
+        assert await store.read("a", 100, 1000) == (bytes(range(256)) * 16)[100:1100]
+        assert time.monotonic() - start > max(0.3, PROBE_MIN) and server.misbehaved == 1
+    finally:
+        await store.aclose()
+        server.stop()
 
 
 def test_every_name_reads_its_own_object_over_http(tmp_path):

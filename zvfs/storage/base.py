@@ -342,6 +342,12 @@ class Store(abc.ABC):
     async def list(self, prefix: str) -> "list[Entry] | Entries | None":
         """Entries directly below `prefix` ("" is the root), or None if it is not a directory."""
 
+    async def listing_version(self, prefix: str) -> Hashable | None:
+        """What a listing of `prefix` made now would be made from, as cheaply known (equal
+        versions: equal listings), or None where nothing cheap tells (remote stores, archives:
+        a kept listing stands until `zvfs refresh`)."""
+        return None
+
     async def aclose(self) -> None:
         """Release descriptors and clients."""
 

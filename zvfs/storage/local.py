@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import stat
@@ -206,6 +207,10 @@ def _holds(o: "_Open", st: os.stat_result, v: Version) -> bool:
     a shard was seen serving new bytes under an old version.)"""
     return _matches(st, v) or (o.lease == (v.size, v.tag) and st.st_ino == v.tag[1] and st.st_dev == v.tag[0]
                                and leases.holds(o.fd))
+
+
+#: tells apart the versions of directories changed within SETTLE (`listing_version`)
+_UNSETTLED = itertools.count()
 
 
 def _settled(st: os.stat_result) -> bool:
@@ -1241,6 +1246,23 @@ class LocalStore(Store):
         entries, learned = got
         self._learn(learned)
         return entries
+
+    async def listing_version(self, prefix: str) -> tuple:
+        """The directory as one stat shows it (device, inode, mtime, ctime: every entry made,
+        removed or renamed in it moves both; a symlink retargeted shows another directory); ()
+        when it is not one. A directory changed within SETTLE of now has a version equal to no
+        other: a change within the timestamp tick of the stat taken before a listing would not
+        move its times (the racy-git problem, as for files), so its listing is made again."""
+        return await self._in_thread(self._lexical_mount(prefix), self._listing_version, prefix)
+
+    def _listing_version(self, prefix: str) -> tuple:
+        try:
+            st = os.stat(self._path(prefix))
+        except OSError:
+            return ()
+        if not stat.S_ISDIR(st.st_mode):
+            return ()
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) + (() if _settled(st) else (next(_UNSETTLED),))
 
     def _list_blocking(self, prefix: str, stalling: frozenset[str]) -> tuple[Entries, Walked] | None:
         """Entries of a directory, and what the listing learned of directories (worker thread):

@@ -265,7 +265,7 @@ class FsspecStore(Store):
 
     # -- calls with deadlines and retries
 
-    async def _run(self, key: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def _run(self, key: str, attempt: Callable[[], Awaitable[T]], listing: bool = False) -> T:
         """`_call` within the store's bound, or, while the store is stalled, within the stall's.
 
         A reader does not wait only for its own call: the kernel reads a page again, at once
@@ -287,6 +287,12 @@ class FsspecStore(Store):
 
         Without the memory, each of 16 lookups queued in one directory paid a probe (the last
         ended after 4.4 s against a bound of 3); with it, 3.2 s.
+
+        A `listing` (a page of one) is bounded by a stall, and its failure remembered, but
+        it neither begins nor prolongs one, nor counts in the typical call: a page that
+        outlasts the request timeout is its own failure (a large or slow page), not a sign that
+        the server stopped answering. Before, one began a stall, and in a loaded run a read
+        that took longer than its probe was EIO.
         """
         now = trio.current_time()
         failed = self._failed.get(key)
@@ -302,21 +308,23 @@ class FsspecStore(Store):
         try:
             result = await self._call(key, attempt, until)
         except Unanswered as e:
-            self._failed_after(key, now, bound, e)
+            self._failed_after(key, now, bound, e, listing)
             raise
-        self._typical += (trio.current_time() - now - self._typical) / 8
+        if not listing:
+            self._typical += (trio.current_time() - now - self._typical) / 8
         return result
 
-    def _failed_after(self, key: str, start: float, bound: float, e: Unanswered) -> None:
-        """Begin or prolong a stall, and remember the failure, after a call made at `start`
-        was left unanswered (`_run`)."""
+    def _failed_after(self, key: str, start: float, bound: float, e: Unanswered, listing: bool) -> None:
+        """Begin or prolong a stall (not for a `listing`), and remember the failure, after a
+        call made at `start` was left unanswered (`_run`)."""
         end = trio.current_time()
         stall = self._stall
         if stall is not None and start < stall[1]:  # a call made during the stall
-            if end - start >= SLOW_FAILURE or start >= stall[0] + bound:
+            if not listing and (end - start >= SLOW_FAILURE or start >= stall[0] + bound):
                 self._stall = (stall[0], min(max(stall[1], end + GRACE), stall[0] + 2 * bound))
         elif end - start >= SLOW_FAILURE:
-            self._stall = (start, max(start + bound, end) + GRACE)
+            if not listing:
+                self._stall = (start, max(start + bound, end) + GRACE)
         else:
             return  # a quick failure: the next call tries again
         if len(self._failed) >= VERSIONS_KEPT:
@@ -472,7 +480,7 @@ class FsspecStore(Store):
             return found or None  # (object stores have no empty directories)
         try:
             infos = await self._run(prefix, lambda: self._backend(lambda: self.fs._ls(path, detail=True),
-                                                                  lambda: self.fs.ls(path, detail=True)))
+                                                                  lambda: self.fs.ls(path, detail=True)), listing=True)
         except MISSING:
             return None
         if len(infos) == 1 and infos[0].get("type") == "file" and infos[0]["name"].rstrip("/") == path:
@@ -504,7 +512,8 @@ class FsspecStore(Store):
         kw = {"Bucket": bucket, "Prefix": f"{key.rstrip('/')}/" if key else "", "Delimiter": "/"}
         with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             while True:
-                page = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._call_s3("list_objects_v2", **kw)))
+                page = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._call_s3("list_objects_v2", **kw)),
+                                       listing=True)
                 for sub in page.get("CommonPrefixes", []):
                     self._add_info(out, prefix, {"name": sub["Prefix"], "type": "directory"})
                 for item in page.get("Contents", []):
@@ -524,7 +533,7 @@ class FsspecStore(Store):
         with CountedListing(self.listing_budget, f"{self.display}/{prefix}") as out:
             while True:
                 page = await self._run(prefix, lambda: _on_loop(self._loop, lambda: self.fs._call_list_objects(
-                    bucket, delimiter="/", prefix=where, maxResults=1000, pageToken=token)))
+                    bucket, delimiter="/", prefix=where, maxResults=1000, pageToken=token)), listing=True)
                 for sub in page.get("prefixes", []):
                     self._add_info(out, prefix, {"name": sub, "type": "directory"})
                 for item in page.get("items", []):
@@ -539,7 +548,8 @@ class FsspecStore(Store):
         base = self._path(prefix).split("?", 1)[0].rstrip("/") + "/"
         url = base + (f"?{self.query}" if self.query else "")
         try:
-            return await self._run(prefix, lambda: _on_loop(self._loop, lambda: self._http_index(prefix, url, base)))
+            return await self._run(prefix, lambda: _on_loop(self._loop, lambda: self._http_index(prefix, url, base)),
+                                   listing=True)
         except MISSING:
             return None
 

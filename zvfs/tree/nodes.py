@@ -33,7 +33,7 @@ from ..errors import Gone, ShardChanged, Stale, StorageError
 from ..formats.chunkref import ChunkRef
 from ..formats.codecs import decode_step
 from ..storage.base import MAX_NAME, Entries, Entry, Store, Version, usable_name
-from ..storage.cache import CoalescingCache
+from ..storage.cache import LISTING_MAX_AGE, CoalescingCache
 from .handles import BytesHandle, Handle, PassHandle, RangeHandle, pinned_at, read_ref
 
 log = logging.getLogger("zvfs.tree")
@@ -764,28 +764,51 @@ class _Numbering(InodeRange):
 
 
 class StoreDir:
-    """The entries of one store directory shown as stored. The listing is read once per cache
-    life, and a child's inode number is its position in the sorted listing, in a range of
-    numbers reserved for that listing (its digest) on its first use: nothing is kept per entry,
-    a listing evicted from the cache and read again numbers its children the same way, and a
-    listing that changed gets new numbers (the kernel's names for the old ones are `Stale`)."""
+    """The entries of one store directory shown as stored. A child's inode number is its
+    position in the sorted listing, in a range of numbers reserved for that listing (its
+    digest) on its first use: nothing is kept per entry, a listing evicted from the cache and
+    read again numbers its children the same way, and a listing that changed gets new numbers
+    (the kernel's names for the old ones are `Stale`).
+
+    A kept listing is checked against the store's `listing_version` (locally one stat of the
+    directory) when it is used more than `LISTING_MAX_AGE` after its last check, and at once
+    when a name looked up is not in it: a name made in the store opens at its first lookup
+    (close-to-open; the kernel keeps no negative entry) and listings show changes within a
+    second. Before, a local directory's listing stood until `zvfs refresh` or its eviction,
+    and its new files were ENOENT for as long (an outside attacker, 10 minutes and more).
+    Stores that cannot tell cheaply (remote, archives) keep it until `zvfs refresh`."""
 
     def __init__(self, tree: "Tree", store: Store, prefix: str):
         self.tree = tree
         self.store = store
         self.prefix = prefix
         self.numbering: _Numbering | None = None
+        self._version: Hashable | None = None  # `listing_version` before the kept listing was made
 
-    async def listing(self) -> Listing | None:
+    async def listing(self, looking_for: str | None = None) -> Listing | None:
+        """The directory's listing; `looking_for`: a name looked up, which the listing kept
+        is checked for first."""
+        key = ("listing", id(self.store), self.prefix)
+        kept, was = self.tree.listings.peek(key)
+        if kept and self._version is not None and not isinstance(was, BaseException) and (
+                not self.tree.listings.checked_within(key, LISTING_MAX_AGE)
+                or looking_for is not None and (was is None or was.find(looking_for) is None)):
+            if await self.store.listing_version(self.prefix) == self._version:
+                self.tree.listings.mark_checked(key)
+            else:
+                self.tree.listings.drop(key)
+
         async def load() -> Listing | None:
+            version = await self.store.listing_version(self.prefix)
             entries = await self.store.list(self.prefix)
+            self._version = version
             if entries is None:
                 return None
             if not self.store.names_are_file_names:
                 entries = _usable(entries, f"{self.store.display}/{self.prefix}")
             return Listing.of(entries)
 
-        found = await self.tree.listings.get(("listing", id(self.store), self.prefix), load)
+        found = await self.tree.listings.get(key, load)
         if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
             self.numbering = _Numbering(self, found.digest, len(found.names))
         return found
@@ -805,7 +828,7 @@ class StoreDir:
         return PassFile(self.start + i, self.store, key, entry)
 
     async def lookup(self, name: str) -> Node | None:
-        listing = await self.listing()
+        listing = await self.listing(looking_for=name)
         i = None if listing is None else listing.find(name)
         return None if i is None else self.child(listing, i)  # type: ignore[arg-type]
 
