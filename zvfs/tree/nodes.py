@@ -810,6 +810,8 @@ class StoreDir:
 
         found = await self.tree.listings.get(key, load)
         if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
+            if self.numbering is not None:
+                self.tree.retire(self.numbering)
             self.numbering = _Numbering(self, found.digest, len(found.names))
         return found
 
@@ -951,18 +953,24 @@ class Tree:
         """The node numbered `ino` if it needs no I/O to find: interned, recent or just listed."""
         return self._nodes.get(ino) or self._recent.get(ino) or self.listed.get(ino)
 
+    def retire(self, block: InodeRange) -> None:
+        """Forget `block`, a listing's numbers, when its directory is listed with other names:
+        its numbers are `Stale` from then on (`node`), and nothing is kept of it (a directory
+        a writer keeps changing is listed again every second it is looked at)."""
+        i = bisect.bisect_left(self._range_starts, block.start)  # type: ignore[attr-defined]
+        if i < len(self._ranges) and self._ranges[i] is block:
+            del self._range_starts[i], self._ranges[i]
+
     async def node(self, ino: int) -> Node | None:
         node = self.known(ino)
         if node is not None:
             return node
         i = bisect.bisect_right(self._range_starts, ino) - 1
-        if i < 0:
+        if i < 0 or ino - self._range_starts[i] >= self._ranges[i].count:
+            if ROOT_INO < ino < self._next:  # (a number handed out, in no range now: retired)
+                raise Stale(f"inode {ino}: of a listing made again since")
             return None
-        offset = ino - self._range_starts[i]
-        block = self._ranges[i]
-        if offset >= block.count:
-            return None
-        return await block.node_at(offset)
+        return await self._ranges[i].node_at(ino - self._range_starts[i])
 
     async def resolve(self, path: str) -> Node | None:
         """The node at a `/`-separated path below the root ("" is the root)."""
