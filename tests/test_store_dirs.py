@@ -35,3 +35,34 @@ async def test_a_directory_listed_again_and_again_keeps_no_old_numbers(tmp_path)
         assert (await tree.node(old[-1])).key == "f299"
     finally:
         await store.aclose()
+
+
+async def test_names_that_are_not_there_cost_no_listing(tmp_path):
+    """A tool probing for absent names (`.zarray`, `.zattrs`...) in a directory a writer is
+    adding to: each probe asked whether the directory changed, found it had (or could not
+    tell: changed within 2 s), and listed all of it again. A name that is not there costs a
+    stat now; a name that came is listed (it opens at once)."""
+    for i in range(2000):
+        (tmp_path / f"f{i:05d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    listed = []
+    real_list = store.list
+
+    async def counted(prefix):
+        listed.append(prefix)
+        return await real_list(prefix)
+
+    store.list = counted
+    tree = Tree()
+    d = tree.store_dir(store, "")
+    tree.intern("root", lambda ino: PassDir(ino, d))
+    try:
+        assert await d.lookup("f00000") is not None and len(listed) == 1
+        for i in range(200):
+            (tmp_path / f"w{i:03d}").write_bytes(b"")  # the writer: the directory never settles
+            for probe in (".zarray", ".zattrs", ".zgroup"):
+                assert await d.lookup(probe) is None
+        assert len(listed) == 1
+        assert (await d.lookup("w199")).key == "w199" and len(listed) == 2
+    finally:
+        await store.aclose()

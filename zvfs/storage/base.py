@@ -348,6 +348,11 @@ class Store(abc.ABC):
         a kept listing stands until `zvfs refresh`)."""
         return None
 
+    async def may_hold(self, key: str) -> bool:
+        """Whether `key` may be there now, as cheaply known (locally one lstat): a name looked
+        up that its directory's kept listing lacks is listed again only if it may."""
+        return True
+
     async def aclose(self) -> None:
         """Release descriptors and clients."""
 

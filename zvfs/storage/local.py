@@ -1255,6 +1255,9 @@ class LocalStore(Store):
         move its times (the racy-git problem, as for files), so its listing is made again."""
         return await self._in_thread(self._lexical_mount(prefix), self._listing_version, prefix)
 
+    async def may_hold(self, key: str) -> bool:
+        return await self._in_thread(self._lexical_mount(key), os.path.lexists, self._path(key))
+
     def _listing_version(self, prefix: str) -> tuple:
         try:
             st = os.stat(self._path(prefix))

@@ -790,13 +790,15 @@ class StoreDir:
         is checked for first."""
         key = ("listing", id(self.store), self.prefix)
         kept, was = self.tree.listings.peek(key)
-        if kept and self._version is not None and not isinstance(was, BaseException) and (
-                not self.tree.listings.checked_within(key, LISTING_MAX_AGE)
-                or looking_for is not None and (was is None or was.find(looking_for) is None)):
-            if await self.store.listing_version(self.prefix) == self._version:
-                self.tree.listings.mark_checked(key)
-            else:
-                self.tree.listings.drop(key)
+        if kept and self._version is not None and not isinstance(was, BaseException):
+            missed = looking_for is not None and (was is None or was.find(looking_for) is None)
+            if missed or not self.tree.listings.checked_within(key, LISTING_MAX_AGE):
+                if await self.store.listing_version(self.prefix) == self._version:
+                    self.tree.listings.mark_checked(key)
+                elif not missed or await self.store.may_hold(self.key(looking_for)):  # type: ignore[arg-type]
+                    # (a name that is not there costs no listing: probes for absent names in
+                    # a directory being written to, each a listing of all of it, held lookups up)
+                    self.tree.listings.drop(key)
 
         async def load() -> Listing | None:
             version = await self.store.listing_version(self.prefix)
