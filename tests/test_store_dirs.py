@@ -66,3 +66,38 @@ async def test_names_that_are_not_there_cost_no_listing(tmp_path):
         assert (await d.lookup("w199")).key == "w199" and len(listed) == 2
     finally:
         await store.aclose()
+
+
+async def test_a_directory_that_stops_answering_keeps_what_was_known(tmp_path):
+    """The check of a kept listing is a stat of its directory, which on a hung mount (NFS, a
+    dead FUSE filesystem) never returns: the lookup that asks waits at most the patience,
+    and the ones after it, while that stat is still out, are answered from the kept listing
+    at once (unbounded, a lookup held its directory in the kernel for good)."""
+    import trio
+
+    for name in ("a", "b"):
+        (tmp_path / name).write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    tree = Tree()
+    tree.listings.patience = 1.0
+    d = tree.store_dir(store, "")
+    tree.intern("root", lambda ino: PassDir(ino, d))
+    try:
+        assert await d.lookup("a") is not None
+        hung = trio.Event()
+
+        async def never(prefix):  # (a stat on a hung mount)
+            hung.set()
+            await trio.sleep_forever()
+
+        store.listing_version = never
+        with trio.fail_after(5):
+            start = trio.current_time()
+            assert await d.lookup("x") is None  # (not in the kept listing: asks, waits the patience)
+            assert hung.is_set() and 1.0 <= trio.current_time() - start < 2.0
+            start = trio.current_time()
+            for name in ("y", "z", "b", "a"):
+                assert (await d.lookup(name) is None) == (name in "yz")
+            assert trio.current_time() - start < 0.5
+    finally:
+        await store.aclose()

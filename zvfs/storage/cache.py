@@ -113,7 +113,9 @@ class CoalescingCache:
     def nbytes(self) -> int:
         return self._bytes
 
-    async def get(self, key: Hashable, load: Callable[[], Awaitable[Any]]) -> Any:
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[Any]], keep: bool = True) -> Any:
+        """The value of `key`, loaded once however many ask at once; `keep` False: only that
+        (a question to the store within the patience, such as whether a directory changed)."""
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
@@ -126,12 +128,12 @@ class CoalescingCache:
                 raise DirectoryTooLarge(refused[1])
             del self._refused[key]
         if flight is None:
-            self.misses += 1
+            self.misses += keep
             flight = self._flights[key] = _Flight()
             if self.patience is None:
-                await self._load(key, load, flight)
+                await self._load(key, load, flight, keep)
             else:
-                trio.lowlevel.spawn_system_task(self._load, key, load, flight, name=f"zvfs load {self._where(key)}",
+                trio.lowlevel.spawn_system_task(self._load, key, load, flight, keep, name=f"zvfs load {self._where(key)}",
                                                 context=contextvars.copy_context())
         elif flight.overdue:
             raise StorageError(f"{self._where(key)}: no answer yet (still waiting for an earlier request)")
@@ -149,7 +151,7 @@ class CoalescingCache:
             raise flight.error
         return _unwrap(flight.value)
 
-    async def _load(self, key: Hashable, load: Callable[[], Awaitable[Any]], flight: _Flight) -> None:
+    async def _load(self, key: Hashable, load: Callable[[], Awaitable[Any]], flight: _Flight, keep: bool = True) -> None:
         """One load, for the request that found no flight (without a patience: in its task) or
         in a system task of its own (it outlives the requests that wait for it, and ends with
         the daemon); what it brings back is in `flight` when `flight.done` is set."""
@@ -160,7 +162,8 @@ class CoalescingCache:
             except CorruptShardError as e:
                 value = _Failed(e)
             flight.value = value
-            self._put(key, value)
+            if keep:
+                self._put(key, value)
         except DirectoryTooLarge as e:
             flight.error = e
             self._refuse(key, str(e), trio.current_time() - start)

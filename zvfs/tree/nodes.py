@@ -25,7 +25,7 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Hashable, Iterable, NamedTuple
+from typing import Any, Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -793,9 +793,9 @@ class StoreDir:
         if kept and self._version is not None and not isinstance(was, BaseException):
             missed = looking_for is not None and (was is None or was.find(looking_for) is None)
             if missed or not self.tree.listings.checked_within(key, LISTING_MAX_AGE):
-                if await self.store.listing_version(self.prefix) == self._version:
+                if await self._asked(self.store.listing_version, self.prefix, self._version) == self._version:
                     self.tree.listings.mark_checked(key)
-                elif not missed or await self.store.may_hold(self.key(looking_for)):  # type: ignore[arg-type]
+                elif not missed or await self._asked(self.store.may_hold, self.key(looking_for), False):  # type: ignore[arg-type]
                     # (a name that is not there costs no listing: probes for absent names in
                     # a directory being written to, each a listing of all of it, held lookups up)
                     self.tree.listings.drop(key)
@@ -816,6 +816,16 @@ class StoreDir:
                 self.tree.retire(self.numbering)
             self.numbering = _Numbering(self, found.digest, len(found.names))
         return found
+
+    async def _asked(self, question: Callable[[str], Awaitable[Any]], about: str, unanswered: Any) -> Any:
+        """`question(about)`, asked once however many ask at once, or `unanswered` if the store
+        does not answer within its patience (a hung mount below: what was known stands, and
+        until that question is answered the next ones are answered so at once, as the listings
+        cache does for its loads)."""
+        try:
+            return await self.tree.listings.get((question.__name__, id(self.store), about), lambda: question(about), keep=False)
+        except StorageError:
+            return unanswered
 
     @property
     def start(self) -> int:
