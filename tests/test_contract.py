@@ -336,6 +336,56 @@ def test_a_plain_directory_shows_what_it_holds_now(tmp_path, seed):
                 assert sorted(os.listdir(mnt / "misc")) == sorted(os.listdir(top))
 
 
+def test_a_name_that_changes_kind_or_goes_is_seen_within_a_second(tmp_path):
+    """The kernel kept the names and attributes of files shown as stored for 24 h: a file
+    replaced by a directory of the same name stayed a file (`f/in` ENOTDIR, `stat` the old
+    size), a directory replaced by a file stayed a directory, and a removed file or directory
+    still stat'ed (an outside attacker: 6-26 s and more, until an `ls` of the parent). Each
+    now shows as the store has it within about a second (`LISTING_MAX_AGE`)."""
+    src = tmp_path / "store.zarr"
+    zarr.create_group(str(src))
+    top = src / "misc"
+    top.mkdir()
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        shown = mnt / "misc"
+
+        def seen_within(check, what) -> None:
+            give_up = time.monotonic() + 2.0
+            while not check():
+                assert time.monotonic() < give_up, what
+                time.sleep(0.05)
+
+        for r in range(3):
+            f, d, gone, gone_dir = top / f"f{r}", top / f"d{r}", top / f"g{r}", top / f"h{r}"
+            f.write_bytes(b"a file\n")
+            d.mkdir()
+            (d / "in").write_bytes(b"in a directory\n")
+            gone.write_bytes(b"soon gone\n")
+            gone_dir.mkdir()
+            for p in (f, d, gone, gone_dir):  # the kernel learns them all
+                os.stat(shown / p.name)
+            assert (shown / f.name).read_bytes() == b"a file\n" and (shown / d.name / "in").read_bytes() == b"in a directory\n"
+            f.unlink()
+            f.mkdir()
+            (f / "in").write_bytes(b"now a directory\n")
+            shutil.rmtree(d)
+            d.write_bytes(b"now a file\n")
+            gone.unlink()
+            gone_dir.rmdir()
+
+            def reads(path, want):
+                try:
+                    return path.read_bytes() == want
+                except OSError:
+                    return False
+
+            seen_within(lambda: reads(shown / f.name / "in", b"now a directory\n"), "a file replaced by a directory")
+            seen_within(lambda: reads(shown / d.name, b"now a file\n"), "a directory replaced by a file")
+            assert os.path.isdir(shown / f.name) and os.path.isfile(shown / d.name)
+            seen_within(lambda: not os.path.exists(shown / gone.name), "a removed file")
+            seen_within(lambda: not os.path.exists(shown / gone_dir.name), "a removed directory")
+
+
 def _bad_shard(shard: Path, kind: str, outside: Path) -> None:
     shard.unlink()
     if kind == "fifo":

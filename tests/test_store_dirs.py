@@ -101,3 +101,110 @@ async def test_a_directory_that_stops_answering_keeps_what_was_known(tmp_path):
             assert trio.current_time() - start < 0.5
     finally:
         await store.aclose()
+
+
+async def test_a_directory_removed_while_listed_is_gone_not_a_fault(tmp_path):
+    """A writer makes and removes a directory (and its parent) over and over while it is
+    listed: each listing is the directory's entries or None (not there), never a StorageError
+    (EIO: an outside attacker's random writer got EIO for files whose directory had just
+    gone, where ENOENT is right)."""
+    import shutil
+    import threading
+
+    import trio
+
+    store = LocalStore(str(tmp_path))
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            (tmp_path / "p" / "d").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "p" / "d" / "f").write_bytes(b"")
+            shutil.rmtree(tmp_path / "p", ignore_errors=True)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    seen = {"none": 0, "listed": 0}
+    try:
+        with trio.move_on_after(3):
+            while True:
+                for prefix in ("p/d", "p"):
+                    got = await store.list(prefix)
+                    seen["none" if got is None else "listed"] += 1
+    finally:
+        stop.set()
+        thread.join()
+        await store.aclose()
+    assert seen["none"] and seen["listed"], seen
+
+
+async def test_a_listing_that_costs_more_is_made_again_less_often(tmp_path):
+    """A directory that takes 0.5 s to list (here a slowed listing), which a writer keeps
+    adding to: lookups for 4 s list it once more at most, not once a second, and a name the
+    writer adds is found once ten times the listing's cost has passed."""
+    import trio
+
+    for i in range(50):
+        (tmp_path / f"f{i:03d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    listed = []
+    real_list = store.list
+
+    async def slow(prefix):
+        listed.append(prefix)
+        await trio.sleep(0.5)
+        return await real_list(prefix)
+
+    store.list = slow
+    tree = Tree()
+    d = tree.store_dir(store, "")
+    tree.intern("root", lambda ino: PassDir(ino, d))
+    try:
+        assert await d.lookup("f000") is not None
+        start = trio.current_time()
+        i = 0
+        while trio.current_time() - start < 4:
+            (tmp_path / f"w{i:03d}").write_bytes(b"")
+            assert await d.lookup(f"f{i % 50:03d}") is not None
+            i += 1
+            await trio.sleep(0.05)
+        assert len(listed) == 1, len(listed)
+        while trio.current_time() - start < 5.5:
+            await trio.sleep(0.1)
+        assert (await d.lookup("w000")).key == "w000" and len(listed) == 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_lookup_takes_no_answer_older_than_itself(tmp_path):
+    """A lookup of a name made a moment ago, while another request's check of the directory
+    is under way (its stat taken before the name came): the lookup does not take that stale
+    answer (it was ENOENT for a file that was there all along: an outside attacker's random
+    writer, 8 in 30,000 reads), it asks again and finds the name."""
+    import trio
+
+    (tmp_path / "old").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    real_version = store.listing_version
+
+    async def stat_then_wait(prefix):  # (the stat, then a slow return: a loaded machine)
+        version = await real_version(prefix)
+        await trio.sleep(0.3)
+        return version
+
+    tree = Tree()
+    d = tree.store_dir(store, "")
+    tree.intern("root", lambda ino: PassDir(ino, d))
+    try:
+        await trio.sleep(2.1)  # (the directory settled: its version is one a stat can match)
+        assert await d.lookup("old") is not None
+        await trio.sleep(1.1)  # (the listing kept is due for a check)
+        store.listing_version = stat_then_wait
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(d.listing)  # another request's check: stats now, answers in 0.3 s
+            await trio.sleep(0.1)
+            (tmp_path / "new").write_bytes(b"")
+            found = await d.lookup("new")
+        assert found is not None and found.key == "new"
+    finally:
+        await store.aclose()

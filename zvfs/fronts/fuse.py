@@ -283,6 +283,8 @@ class ZvfsOperations(pyfuse3.Operations):
             else:  # handles read another version: its size
                 a.st_size = held
         self._fill(a, stamp)
+        if node.kernel_keeps < TIMEOUT:  # (shown as stored: removed, replaced by a directory...)
+            a.entry_timeout, a.attr_timeout = node.kernel_keeps, min(a.attr_timeout, node.kernel_keeps)
         return a
 
     async def _alias_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
@@ -372,7 +374,8 @@ class ZvfsOperations(pyfuse3.Operations):
         self._dirs[fh] = (node, rows, at, window)
         a = pyfuse3.EntryAttributes()
         a.st_blksize = BLKSIZE
-        a.entry_timeout, a.generation = TIMEOUT, 0
+        keeps = min(TIMEOUT, rows.kernel_keeps)
+        a.entry_timeout, a.generation = keeps, 0
         shown: dict[tuple[bool, int | None], int] = {}  # (is_dir, the store's bits) -> st_mode
         reply, told, cached, last_stamp, held = pyfuse3.readdir_reply, self.kernel.told_about, self.kernel.cached, None, None
         names, inos, dirs, sizes, stamps, tokens = window
@@ -393,14 +396,14 @@ class ZvfsOperations(pyfuse3.Operations):
                 a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.shown.mtime_ns(stamp)
                 self._owner(a, stamp)
             if is_dir:
-                a.st_nlink, a.st_size, a.attr_timeout = 2, 0, self.dir_timeout
+                a.st_nlink, a.st_size, a.attr_timeout = 2, 0, min(self.dir_timeout, keeps)
             else:
                 a.st_nlink = 1
                 held = cached.get(ino)
                 if held is not None and held[0] != tokens[j]:  # handles read another version:
                     a.st_ino = ino = self.kernel.number(ino, tokens[j], size)  # this one's alias
                     held = None
-                a.st_size, a.attr_timeout = (0, 0) if size is None else (size, TIMEOUT)
+                a.st_size, a.attr_timeout = (0, 0) if size is None else (size, keeps)
             a.st_blocks = (a.st_size + 511) // 512
             if not reply(token, names[j].encode(*_FS_ENCODING), a, at + j + 1):  # os.fsencode, without its frame
                 break

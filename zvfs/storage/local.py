@@ -1373,6 +1373,8 @@ class LocalStore(Store):
                     out.add(de.name, is_dir, 0 if is_dir else st.st_size, own & bits, st.st_mtime,
                             st.st_uid, st.st_gid, None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
             return out, walked
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # (removed or replaced while listed: an outside attacker's EIO, ENOENT before the listing)
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from None
         except DirectoryTooLarge:

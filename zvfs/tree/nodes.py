@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
+import trio
 
 from ..errors import Gone, ShardChanged, Stale, StorageError
 from ..formats.chunkref import ChunkRef
@@ -40,6 +41,11 @@ log = logging.getLogger("zvfs.tree")
 
 ROOT_INO = 1
 RECENT = 4096  # computed nodes kept after a lookup or listing
+#: a directory shown as stored is listed again at most once per this many times what its last
+#: listing took, when that is more than LISTING_MAX_AGE (an outside attacker: 6 `ls -l` of a
+#: directory of 100,000 names that a writer added to every 0.2 s made no progress for 19
+#: minutes, the daemon listing it again for each lookup); so at most a tenth of the time
+RELIST_SPACING = 10
 #: a chunk's shard replaced between its location and its pin this many times running: EIO.
 #: (3 gave 2 EIO in ~74,000 opens under a writer replacing the shard every 1 ms: a race
 #: repeated three times running about once in 37,000 opens; each more attempt costs only the
@@ -67,6 +73,9 @@ def stamp_of(what: Version | Entry | None) -> Stamp:
 class Node:
     __slots__ = ("ino",)
     is_dir = False
+    #: seconds the front may let the kernel keep the node's name and attributes (inf: as long
+    #: as it likes; nodes shown as stored: as long as their listing stands unchecked)
+    kernel_keeps = math.inf
 
     def __init__(self, ino: int):
         self.ino = ino
@@ -120,7 +129,10 @@ class Rows:
     pyfuse3 listing; chunk directories compute their rows from the chunk tables instead.)
 
     `sizes[i]` None: not known without I/O or decoding (the kernel asks getattr later).
-    `stamps[i]`: a Stamp; `tokens[i]`: the file's `token` (None for directories)."""
+    `stamps[i]`: a Stamp; `tokens[i]`: the file's `token` (None for directories).
+    `kernel_keeps`: as `Node.kernel_keeps`, for every row."""
+
+    kernel_keeps = math.inf
 
     names: list[str]
     inos: list[int]
@@ -350,6 +362,7 @@ class PassFile(File):
     rewritten file shows its new size) and reads come from that version."""
 
     __slots__ = ("store", "key", "entry")
+    kernel_keeps = LISTING_MAX_AGE  # (removed, or replaced by a directory: `StoreDir`)
 
     def __init__(self, ino: int, store: Store, key: str, entry: Entry | None):
         super().__init__(ino)
@@ -717,6 +730,8 @@ class ListingRows(HeldRows):
     directories of 50,000 long names held 340 MB under `memory=64M`). Handles of one listing
     hold it once (`RowsBudget.share`)."""
 
+    kernel_keeps = LISTING_MAX_AGE
+
     def __init__(self, listing: Listing, start: int, budget: RowsBudget, where: str):
         super().__init__(budget)
         self.listing = listing
@@ -784,6 +799,7 @@ class StoreDir:
         self.prefix = prefix
         self.numbering: _Numbering | None = None
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
+        self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
 
     async def listing(self, looking_for: str | None = None) -> Listing | None:
         """The directory's listing; `looking_for`: a name looked up, which the listing kept
@@ -792,23 +808,30 @@ class StoreDir:
         kept, was = self.tree.listings.peek(key)
         if kept and self._version is not None and not isinstance(was, BaseException):
             missed = looking_for is not None and (was is None or was.find(looking_for) is None)
-            if missed or not self.tree.listings.checked_within(key, LISTING_MAX_AGE):
-                if await self._asked(self.store.listing_version, self.prefix, self._version) == self._version:
+            spacing = RELIST_SPACING * self._took  # (a listing that costs more is made again less often)
+            if missed or not self.tree.listings.checked_within(key, max(LISTING_MAX_AGE, spacing)):
+                since = trio.current_time()
+                if await self._asked(self.store.listing_version, self.prefix, self._version, since) == self._version:
                     self.tree.listings.mark_checked(key)
-                elif not missed or await self._asked(self.store.may_hold, self.key(looking_for), False):  # type: ignore[arg-type]
+                elif not missed or (spacing <= LISTING_MAX_AGE or since - self._listed_at >= spacing) and \
+                        await self._asked(self.store.may_hold, self.key(looking_for), False, since):  # type: ignore[arg-type]
                     # (a name that is not there costs no listing: probes for absent names in
                     # a directory being written to, each a listing of all of it, held lookups up)
                     self.tree.listings.drop(key)
 
         async def load() -> Listing | None:
+            start = trio.current_time()
             version = await self.store.listing_version(self.prefix)
             entries = await self.store.list(self.prefix)
             self._version = version
-            if entries is None:
-                return None
-            if not self.store.names_are_file_names:
-                entries = _usable(entries, f"{self.store.display}/{self.prefix}")
-            return Listing.of(entries)
+            listing = None
+            if entries is not None:
+                if not self.store.names_are_file_names:
+                    entries = _usable(entries, f"{self.store.display}/{self.prefix}")
+                listing = Listing.of(entries)
+            self._listed_at = trio.current_time()
+            self._took = self._listed_at - start
+            return listing
 
         found = await self.tree.listings.get(key, load)
         if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
@@ -817,15 +840,24 @@ class StoreDir:
             self.numbering = _Numbering(self, found.digest, len(found.names))
         return found
 
-    async def _asked(self, question: Callable[[str], Awaitable[Any]], about: str, unanswered: Any) -> Any:
+    async def _asked(self, question: Callable[[str], Awaitable[Any]], about: str, unanswered: Any, since: float) -> Any:
         """`question(about)`, asked once however many ask at once, or `unanswered` if the store
         does not answer within its patience (a hung mount below: what was known stands, and
         until that question is answered the next ones are answered so at once, as the listings
-        cache does for its loads)."""
-        try:
-            return await self.tree.listings.get((question.__name__, id(self.store), about), lambda: question(about), keep=False)
-        except StorageError:
-            return unanswered
+        cache does for its loads). An answer to a question asked before `since` is not taken:
+        it is asked again (a lookup that joined a stat made before its file came was ENOENT
+        for a file that was there all along: an outside attacker's random writer, 8 in 30,000)."""
+        async def ask() -> tuple[float, Any]:
+            return trio.current_time(), await question(about)
+
+        for _ in range(2):  # (a second question begins after the first one ended: after `since`)
+            try:
+                asked, answer = await self.tree.listings.get((question.__name__, id(self.store), about), ask, keep=False)
+            except StorageError:
+                return unanswered
+            if asked >= since:
+                break
+        return answer
 
     @property
     def start(self) -> int:
@@ -873,6 +905,7 @@ class PassDir(Dir):
     """A store "directory" shown as it is."""
 
     __slots__ = ("dir", "entry")
+    kernel_keeps = LISTING_MAX_AGE
 
     def __init__(self, ino: int, store_dir: StoreDir, entry: Entry | None = None):
         super().__init__(ino)
