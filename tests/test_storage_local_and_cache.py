@@ -374,3 +374,28 @@ def test_a_wait_past_the_patience_names_the_directory_listed():
             await cache.get(("a/c/0/0", ("tag", 1), 0, 0), slow)
 
     trio.run(main)
+
+
+async def test_a_listing_larger_than_the_cache_is_not_evicted_by_small_ones():
+    """A listing larger than the whole listings cache is kept beside the small ones, which are
+    evicted around it; another oversized one replaces it. (Kept alone, the next small listing
+    evicted it: the kernel looking up the directories above a huge one made an outside
+    attacker's `ls -l` of it list all 100,000 names again and again, for good.)"""
+    cache = CoalescingCache(1000, sizeof=len, keep_oversized=True)
+    loads = []
+
+    def loader(key, size):
+        async def load():
+            loads.append(key)
+            return b"x" * size
+        return load
+
+    await cache.get("huge", loader("huge", 5000))
+    for i in range(50):  # small listings, 300 bytes each: three fit beside it
+        await cache.get(f"small{i}", loader(f"small{i}", 300))
+        assert await cache.get("huge", loader("huge", 5000)) == b"x" * 5000
+    assert loads.count("huge") == 1 and cache.nbytes <= 5000 + 1000 + 3 * 64
+    await cache.get("other", loader("other", 4000))  # another oversized one replaces it
+    assert cache.peek("huge") == (False, None) and cache.peek("other")[0]
+    await cache.get("huge", loader("huge", 5000))
+    assert loads.count("huge") == 2 and cache.peek("other") == (False, None)

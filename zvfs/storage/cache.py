@@ -88,9 +88,12 @@ REFUSALS_KEPT = 1024
 
 
 class CoalescingCache:
-    """`keep_oversized`: a value larger than the whole cache is still kept, alone (for
-    listings: re-listing a huge directory on every lookup would be far worse than exceeding
-    the budget by one listing)."""
+    """`keep_oversized`: a value larger than the whole cache is still kept (for listings:
+    re-listing a huge directory on every lookup would be far worse than exceeding the budget
+    by one listing), beside the others, which it does not count against: only another such
+    value or a drop ends it. (It used to be kept alone, so the next small listing evicted it:
+    the kernel looking up `plain` and `big` again made an outside attacker's `ls -l` of
+    `plain/big`, 100,000 names under memory=64M, list all of it again and again, for good.)"""
 
     def __init__(self, max_bytes: int, sizeof: Callable[[Any], int] = nbytes_of, keep_oversized: bool = False,
                  patience: float | None = None, name: str = ""):
@@ -98,7 +101,8 @@ class CoalescingCache:
         self.keep_oversized = keep_oversized
         self._sizeof = sizeof
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
+        self._bytes = 0  # (the oversized value's left out)
+        self._oversized: tuple[Hashable, int] | None = None  # (key, size) of the value larger than the cache
         self._flights: dict[Hashable, _Flight] = {}
         self._checked: dict[Hashable, float] = {}  # key -> when its source's version last matched
         self._refused: dict[Hashable, tuple[float, str]] = {}  # key -> (until, message): DirectoryTooLarge
@@ -111,7 +115,7 @@ class CoalescingCache:
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._bytes + (self._oversized[1] if self._oversized is not None else 0)
 
     async def get(self, key: Hashable, load: Callable[[], Awaitable[Any]], keep: bool = True) -> Any:
         """The value of `key`, loaded once however many ask at once; `keep` False: only that
@@ -228,7 +232,9 @@ class CoalescingCache:
         hit = self._entries.pop(key, None)
         self._checked.pop(key, None)
         self._refused.pop(key, None)
-        if hit is not None:
+        if self._oversized is not None and self._oversized[0] == key:
+            self._oversized = None
+        elif hit is not None:
             self._bytes -= hit[1]
 
     def clear(self) -> None:
@@ -237,19 +243,25 @@ class CoalescingCache:
         self._checked.clear()
         self._refused.clear()
         self._bytes = 0
+        self._oversized = None
 
     def _put(self, key: Hashable, value: Any) -> None:
         size = ENTRY_COST if isinstance(value, _Failed) else self._sizeof(value) + ENTRY_COST
         if size > self.max_bytes and not self.keep_oversized or not _settled(value):
             return
         self.drop(key)
+        if size > self.max_bytes:  # (kept beside the others: the class docstring)
+            if self._oversized is not None:
+                self.drop(self._oversized[0])
+            self._oversized = (key, size)
+        else:
+            self._bytes += size
         self._entries[key] = (value, size)
         self._checked[key] = time.monotonic()  # what was just loaded matches its source
-        self._bytes += size
-        while self._bytes > self.max_bytes and len(self._entries) > 1:
-            gone, (_, old) = self._entries.popitem(last=False)
+        while self._bytes > self.max_bytes:
+            gone = next(k for k in self._entries if self._oversized is None or k != self._oversized[0])
+            self._bytes -= self._entries.pop(gone)[1]
             self._checked.pop(gone, None)
-            self._bytes -= old
 
 
 class _Failed:

@@ -44,7 +44,7 @@ RECENT = 4096  # computed nodes kept after a lookup or listing
 #: a directory shown as stored is listed again at most once per this many times what its last
 #: listing took, when that is more than LISTING_MAX_AGE (an outside attacker: 6 `ls -l` of a
 #: directory of 100,000 names that a writer added to every 0.2 s made no progress for 19
-#: minutes, the daemon listing it again for each lookup); so at most a tenth of the time
+#: minutes, the daemon listing it again and again); so at most a tenth of the time
 RELIST_SPACING = 10
 #: a chunk's shard replaced between its location and its pin this many times running: EIO.
 #: (3 gave 2 EIO in ~74,000 opens under a writer replacing the shard every 1 ms: a race
