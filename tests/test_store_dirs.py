@@ -11,15 +11,37 @@ from zvfs.storage.local import LocalStore
 from zvfs.tree.nodes import PassDir, Tree
 
 
+def _root_dir(store: LocalStore):
+    """A tree whose root is the store's root directory shown as stored (as a view's: number 1)."""
+    tree = Tree()
+    d = tree.store_dir(store, "")
+    tree.intern("root", lambda ino: PassDir(ino, d))
+    return tree, d
+
+
+def _counted(store: LocalStore, delay: float = 0.0) -> list[str]:
+    """The prefixes `store` lists from now on (each listing slowed by `delay` seconds)."""
+    import trio
+
+    listed: list[str] = []
+    real_list = store.list
+
+    async def counted(prefix):
+        listed.append(prefix)
+        await trio.sleep(delay)
+        return await real_list(prefix)
+
+    store.list = counted
+    return listed
+
+
 async def test_a_directory_listed_again_and_again_keeps_no_old_numbers(tmp_path):
     """A writer adds a file, a reader looks it up, 300 times: each lookup finds its new file
     (the listing kept lacks it, so the directory is listed again), the numbers of every older
     listing are Stale (never another file's), and the tree holds the current listing's
     numbers only (before, one block of numbers was kept per listing made, for good)."""
     store = LocalStore(str(tmp_path))
-    tree = Tree()
-    d = tree.store_dir(store, "")
-    tree.intern("root", lambda ino: PassDir(ino, d))  # (as a view's root: number 1)
+    tree, d = _root_dir(store)
     blocks = len(tree._ranges)
     old = []
     try:
@@ -45,17 +67,8 @@ async def test_names_that_are_not_there_cost_no_listing(tmp_path):
     for i in range(2000):
         (tmp_path / f"f{i:05d}").write_bytes(b"")
     store = LocalStore(str(tmp_path))
-    listed = []
-    real_list = store.list
-
-    async def counted(prefix):
-        listed.append(prefix)
-        return await real_list(prefix)
-
-    store.list = counted
-    tree = Tree()
-    d = tree.store_dir(store, "")
-    tree.intern("root", lambda ino: PassDir(ino, d))
+    listed = _counted(store)
+    tree, d = _root_dir(store)
     try:
         assert await d.lookup("f00000") is not None and len(listed) == 1
         for i in range(200):
@@ -78,10 +91,8 @@ async def test_a_directory_that_stops_answering_keeps_what_was_known(tmp_path):
     for name in ("a", "b"):
         (tmp_path / name).write_bytes(b"")
     store = LocalStore(str(tmp_path))
-    tree = Tree()
+    tree, d = _root_dir(store)
     tree.listings.patience = 1.0
-    d = tree.store_dir(store, "")
-    tree.intern("root", lambda ino: PassDir(ino, d))
     try:
         assert await d.lookup("a") is not None
         hung = trio.Event()
@@ -147,18 +158,8 @@ async def test_a_listing_that_costs_more_is_made_again_less_often(tmp_path):
     for i in range(50):
         (tmp_path / f"f{i:03d}").write_bytes(b"")
     store = LocalStore(str(tmp_path))
-    listed = []
-    real_list = store.list
-
-    async def slow(prefix):
-        listed.append(prefix)
-        await trio.sleep(0.5)
-        return await real_list(prefix)
-
-    store.list = slow
-    tree = Tree()
-    d = tree.store_dir(store, "")
-    tree.intern("root", lambda ino: PassDir(ino, d))
+    listed = _counted(store, delay=0.5)
+    tree, d = _root_dir(store)
     try:
         assert await d.lookup("f000") is not None
         start = trio.current_time()
@@ -192,9 +193,7 @@ async def test_a_lookup_takes_no_answer_older_than_itself(tmp_path):
         await trio.sleep(0.3)
         return version
 
-    tree = Tree()
-    d = tree.store_dir(store, "")
-    tree.intern("root", lambda ino: PassDir(ino, d))
+    tree, d = _root_dir(store)
     try:
         await trio.sleep(2.1)  # (the directory settled: its version is one a stat can match)
         assert await d.lookup("old") is not None
