@@ -8,8 +8,8 @@ Two kinds of inode numbers keep memory flat however many chunk files a store has
   array; a node's number is a function of its grid position, so nothing is stored per chunk
   and the node is rebuilt from its number when the kernel asks for it again;
 - entries of directories shown as stored are numbered by their position in the sorted listing,
-  in a range reserved per distinct listing (`StoreDir`): a number never names another path,
-  and a number of a listing that changed since is `Stale` (the kernel looks the name up again).
+  in a range reserved for the directory; a name (and kind) keeps its number when the directory
+  changes, new names get numbers of their own (`StoreDir`): a number never names another path.
 
 A node says what it shows (`stamp`: bits, time, owner; `token`: which bytes) and opens as a
 snapshot (`File.open` -> handles.Handle). Views build their directories from these pieces; the
@@ -23,8 +23,9 @@ import hashlib
 import logging
 import math
 import time
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Hashable, Iterable, NamedTuple
 
 import numpy as np
@@ -46,6 +47,10 @@ RECENT = 4096  # computed nodes kept after a lookup or listing
 #: directory of 100,000 names that a writer added to every 0.2 s made no progress for 19
 #: minutes, the daemon listing it again and again); so at most a tenth of the time
 RELIST_SPACING = 10
+#: numbers reserved at a time for the names a directory shown as stored gains (a writer adding a
+#: file every 0.2 s fills them in about 14 minutes); a directory whose numbers handed out pass
+#: twice its size (plus this) is numbered afresh, the old numbers `Stale`
+NEW_NAMES_BLOCK = 4096
 #: a chunk's shard replaced between its location and its pin this many times running: EIO.
 #: (3 gave 2 EIO in ~74,000 opens under a writer replacing the shard every 1 ms: a race
 #: repeated three times running about once in 37,000 opens; each more attempt costs only the
@@ -573,13 +578,14 @@ class InodeRange:
         raise NotImplementedError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Listing:
     """One store directory's entries, compact: names plus a few numbers each (about 150 bytes
     per entry; a node per entry kept ~640 bytes each, for good, for a listing of 400,000
     files). Kept in a bounded cache, so listings count against the memory budget. `digest`
-    tells one set of names (and kinds) from another: entries are numbered by position, so a
-    listing with another digest gets numbers of its own."""
+    tells one set of names (and kinds) from another; `inos`, the entries' inode numbers
+    (`StoreDir.numbered`), and `by_ino`, their positions in number order when that is not
+    theirs (None: ascending)."""
 
     names: list[str]  # sorted
     is_dir: np.ndarray  # bool
@@ -589,6 +595,8 @@ class Listing:
     owners: np.ndarray  # int64 (n, 2): uid, gid; -1: unknown
     tokens: np.ndarray  # void (n, TOKEN): a file's version token (base.version_token), zeros: unknown
     digest: bytes
+    inos: np.ndarray | None = None  # int64
+    by_ino: np.ndarray | None = None  # int64
 
     TOKEN = Entries.TOKEN
 
@@ -618,13 +626,29 @@ class Listing:
                    np.frombuffer(bytes(entries.tokens), dtype=f"V{cls.TOKEN}")[order],
                    digest.digest())
 
+    def numbered(self, inos: np.ndarray) -> "Listing":
+        """This listing, its entries numbered `inos`."""
+        ascending = len(inos) < 2 or bool((inos[1:] > inos[:-1]).all())
+        return replace(self, inos=inos, by_ino=None if ascending else np.argsort(inos))
+
     @property
     def nbytes(self) -> int:
-        return sum(len(n) + 57 for n in self.names) + (37 + self.TOKEN) * len(self.names)
+        return sum(len(n) + 57 for n in self.names) + (53 + self.TOKEN) * len(self.names)
 
     def find(self, name: str) -> int | None:
         i = bisect.bisect_left(self.names, name)
         return i if i < len(self.names) and self.names[i] == name else None
+
+    def numbered_at(self, ino: int) -> int | None:
+        """The position of the entry numbered `ino`, if one is."""
+        inos, by_ino = self.inos, self.by_ino
+        assert inos is not None
+        k = int(np.searchsorted(inos, ino) if by_ino is None else np.searchsorted(inos, ino, sorter=by_ino))
+        if k < len(inos):
+            i = k if by_ino is None else int(by_ino[k])
+            if inos[i] == ino:
+                return i
+        return None
 
     def token(self, i: int) -> bytes | None:
         token = self.tokens[i].tobytes()
@@ -732,10 +756,9 @@ class ListingRows(HeldRows):
 
     kernel_keeps = LISTING_MAX_AGE
 
-    def __init__(self, listing: Listing, start: int, budget: RowsBudget, where: str):
+    def __init__(self, listing: Listing, budget: RowsBudget, where: str):
         super().__init__(budget)
         self.listing = listing
-        self.start = start
         self.names = listing.names
         self.sharing = False
         self.sharing = budget.share(listing, force=not budget.used)
@@ -757,33 +780,36 @@ class ListingRows(HeldRows):
         sizes = [None if size < 0 else size for size in li.sizes[start:stop].tolist()]
         stamps = [li.stamp(i) for i in range(start, stop)]
         tokens = [None if d else li.token(i) for d, i in zip(is_dir, range(start, stop))]
-        return (li.names[start:stop], list(range(self.start + start, self.start + stop)), is_dir, sizes, stamps, tokens)
+        return (li.names[start:stop], li.inos[start:stop].tolist(), is_dir, sizes, stamps, tokens)  # type: ignore[index]
 
 
-class _Numbering(InodeRange):
-    """The inode numbers of one listing of a store directory (one per distinct `digest`)."""
+class _Numbers(InodeRange):
+    """A block of inode numbers of a store directory's entries: the first listing's, by
+    position, or some reserved for names it gains (`StoreDir.numbered`)."""
 
-    def __init__(self, store_dir: "StoreDir", digest: bytes, count: int):
+    def __init__(self, store_dir: "StoreDir", count: int):
         self.store_dir = store_dir
-        self.digest = digest
         self.count = count
         self.start = store_dir.tree.reserve(self)
+        self.retired = False
 
     async def node_at(self, offset: int) -> Node | None:
         listing = await self.store_dir.listing()
-        if self.store_dir.numbering is not self:
-            raise Stale(f"{self.store_dir.prefix or '/'}: listed again since")
-        if listing is None or offset >= len(listing.names):
-            return None
-        return self.store_dir.child(listing, offset)
+        if self.retired:
+            raise Stale(f"{self.store_dir.prefix or '/'}: numbered afresh since")
+        i = None if listing is None else listing.numbered_at(self.start + offset)
+        return None if i is None else self.store_dir.child(listing, i)  # type: ignore[arg-type]
 
 
 class StoreDir:
     """The entries of one store directory shown as stored. A child's inode number is its
-    position in the sorted listing, in a range of numbers reserved for that listing (its
-    digest) on its first use: nothing is kept per entry, a listing evicted from the cache and
-    read again numbers its children the same way, and a listing that changed gets new numbers
-    (the kernel's names for the old ones are `Stale`).
+    position in the directory's first sorted listing, in a range of numbers reserved then:
+    nothing is kept per entry, and a listing evicted from the cache and read again numbers its
+    children the same way. When the directory changes, each name (and kind) keeps its number
+    and new names get new ones (`numbered`): renumbering all of it made every number the
+    kernel held `Stale`, and two `ls -l` of a directory of 100,000 names that a writer added
+    to went from 2-3 s to over 60 s each time it was listed again (an outside attacker; the
+    kernel looked up each name again, and each handle's names fought the other's).
 
     A kept listing is checked against the store's `listing_version` (locally one stat of the
     directory) when it is used more than `LISTING_MAX_AGE` after its last check, and at once
@@ -797,7 +823,11 @@ class StoreDir:
         self.tree = tree
         self.store = store
         self.prefix = prefix
-        self.numbering: _Numbering | None = None
+        self._blocks: list[_Numbers] = []  # the first listing's numbers, then new names'
+        self._base_digest = b""  # the first listing's digest
+        self._handed = 0  # numbers handed out in all
+        self._next_new = 0  # the next number for a new name, in the last block
+        self._numbered: Callable[[], Listing | None] = lambda: None  # (weak) the last listing numbered
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
         self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
 
@@ -828,17 +858,58 @@ class StoreDir:
             if entries is not None:
                 if not self.store.names_are_file_names:
                     entries = _usable(entries, f"{self.store.display}/{self.prefix}")
-                listing = Listing.of(entries)
+                listing = self.numbered(Listing.of(entries))
             self._listed_at = trio.current_time()
             self._took = self._listed_at - start
             return listing
 
-        found = await self.tree.listings.get(key, load)
-        if found is not None and (self.numbering is None or self.numbering.digest != found.digest):
-            if self.numbering is not None:
-                self.tree.retire(self.numbering)
-            self.numbering = _Numbering(self, found.digest, len(found.names))
-        return found
+        return await self.tree.listings.get(key, load)
+
+    def numbered(self, listing: Listing) -> Listing:
+        """`listing` with its entries' inode numbers: those of the first listing by position
+        if it has the same names; else each name (and kind) of the last listing numbered
+        keeps its number (if that listing is still held: in the cache, or by an open
+        directory handle) and new names get new ones; else, or once the numbers handed out
+        pass twice the directory's size, numbers of its own (the old ones `Stale`)."""
+        n = len(listing.names)
+        prior = self._numbered()
+        if self._blocks and listing.digest == self._base_digest:
+            inos = np.arange(self._blocks[0].start, self._blocks[0].start + n, dtype=np.int64)
+        elif self._blocks and prior is not None and prior.inos is not None:
+            names, before = np.array(listing.names, dtype=object), np.array(prior.names, dtype=object)
+            at = np.minimum(np.searchsorted(before, names), max(0, len(before) - 1))
+            kept = (before[at] == names) & (prior.is_dir[at] == listing.is_dir) if len(before) else np.zeros(n, bool)
+            inos = np.where(kept, prior.inos[at] if len(before) else 0, -1).astype(np.int64)
+            new = np.flatnonzero(~kept)
+            if self._handed + len(new) > 2 * n + NEW_NAMES_BLOCK:
+                return self._numbered_afresh(listing)
+            if len(new):
+                last = self._blocks[-1]
+                room = last.start + last.count - self._next_new if len(self._blocks) > 1 else 0
+                if room < len(new):
+                    last = _Numbers(self, max(len(new), NEW_NAMES_BLOCK))
+                    self._blocks.append(last)
+                    self._next_new = last.start
+                inos[new] = np.arange(self._next_new, self._next_new + len(new))
+                self._next_new += len(new)
+                self._handed += len(new)
+        else:
+            return self._numbered_afresh(listing)
+        listing = listing.numbered(inos)
+        self._numbered = weakref.ref(listing)
+        return listing
+
+    def _numbered_afresh(self, listing: Listing) -> Listing:
+        for block in self._blocks:
+            block.retired = True
+            self.tree.retire(block)
+        self._blocks = [_Numbers(self, len(listing.names))]
+        self._base_digest = listing.digest
+        self._handed = len(listing.names)
+        start = self._blocks[0].start
+        listing = listing.numbered(np.arange(start, start + len(listing.names), dtype=np.int64))
+        self._numbered = weakref.ref(listing)
+        return listing
 
     async def _asked(self, question: Callable[[str], Awaitable[Any]], about: str, unanswered: Any, since: float) -> Any:
         """`question(about)`, asked once however many ask at once, or `unanswered` if the store
@@ -859,19 +930,16 @@ class StoreDir:
                 break
         return answer
 
-    @property
-    def start(self) -> int:
-        return self.numbering.start  # type: ignore[union-attr]
-
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def child(self, listing: Listing, i: int) -> Node:
         entry = listing.entry(i)
         key = self.key(entry.name)
+        ino = int(listing.inos[i])  # type: ignore[index]
         if entry.is_dir:
-            return PassDir(self.start + i, self.tree.store_dir(self.store, key), entry)
-        return PassFile(self.start + i, self.store, key, entry)
+            return PassDir(ino, self.tree.store_dir(self.store, key), entry)
+        return PassFile(ino, self.store, key, entry)
 
     async def lookup(self, name: str) -> Node | None:
         listing = await self.listing(looking_for=name)
@@ -886,7 +954,7 @@ class StoreDir:
         listing = await self.listing()
         if listing is None:
             return Rows.empty()
-        return ListingRows(listing, self.start, self.tree.rows_budget, f"{self.store.display}/{self.prefix}")
+        return ListingRows(listing, self.tree.rows_budget, f"{self.store.display}/{self.prefix}")
 
 
 def _usable(entries: "list[Entry] | Entries", where: str) -> "list[Entry] | Entries":
@@ -999,9 +1067,8 @@ class Tree:
         return self._nodes.get(ino) or self._recent.get(ino) or self.listed.get(ino)
 
     def retire(self, block: InodeRange) -> None:
-        """Forget `block`, a listing's numbers, when its directory is listed with other names:
-        its numbers are `Stale` from then on (`node`), and nothing is kept of it (a directory
-        a writer keeps changing is listed again every second it is looked at)."""
+        """Forget `block`, a directory's numbers, when it is numbered afresh: its numbers are
+        `Stale` from then on (`node`), and nothing is kept of it."""
         i = bisect.bisect_left(self._range_starts, block.start)  # type: ignore[attr-defined]
         if i < len(self._ranges) and self._ranges[i] is block:
             del self._range_starts[i], self._ranges[i]
