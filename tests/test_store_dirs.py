@@ -252,3 +252,39 @@ async def test_a_lookup_takes_no_answer_older_than_itself(tmp_path):
         assert found is not None and found.key == "new"
     finally:
         await store.aclose()
+
+
+async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tmp_path):
+    """Directory handles hold their listing (rows for the kernel's readdir), all together
+    within a budget. A directory listed again while handles hold its last listing: the new
+    one did not fit beside it, and a handle opened then was EIO (an outside attacker: most of
+    6 `ls -l` at once of 100,000 names under a writer). Such a handle now gets the listing the
+    others hold, a little older (no older than a listing is kept), with the same numbers;
+    once they close, the new one."""
+    import trio
+
+    from zvfs.tree.nodes import ListingTooLarge
+
+    for i in range(200):
+        (tmp_path / f"f{i:03d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    tree, d = _root_dir(store)
+    try:
+        first = await d.rows()
+        tree.rows_budget.max_bytes = first.listing.nbytes + 100  # (one listing at a time)
+        (tmp_path / "g000").write_bytes(b"")
+        assert (await d.lookup("g000")).key == "g000"  # (listed again)
+        second = await d.rows()
+        assert second.listing is first.listing and "g000" not in second.names
+        assert (await tree.node(second.window(5, 6)[1][0])).key == "f005"
+        first.release()
+        second.release()
+        third = await d.rows()
+        assert "g000" in third.names and third.window(5, 6)[1] == first.window(5, 6)[1]
+        await trio.sleep(1.1)  # (older than a listing is kept: not given to a new handle)
+        (tmp_path / "g001").write_bytes(b"")
+        assert (await d.lookup("g001")).key == "g001"
+        with pytest.raises(ListingTooLarge):
+            await d.rows()
+    finally:
+        await store.aclose()

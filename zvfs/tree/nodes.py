@@ -707,6 +707,10 @@ class RowsBudget:
         self._shared[id(listing)] = [listing, 1, nbytes]
         return True
 
+    def holds(self, listing: Listing) -> bool:
+        held = self._shared.get(id(listing))
+        return held is not None and held[0] is listing
+
     def unshare(self, listing: Listing) -> None:
         held = self._shared[id(listing)]
         held[1] -= 1
@@ -827,6 +831,8 @@ class StoreDir:
         self._base_digest = b""  # the first listing's digest
         self._handed = 0  # numbers handed out in all
         self._next_new = 0  # the next number for a new name, in the last block
+        #: (weak) the listing of the last handle made of the current listing, and when it was made
+        self._listed_for_rows: tuple[Callable[[], Listing | None], float] = (lambda: None, 0.0)
         self._numbered: Callable[[], Listing | None] = lambda: None  # (weak) the last listing numbered
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
         self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
@@ -954,7 +960,22 @@ class StoreDir:
         listing = await self.listing()
         if listing is None:
             return Rows.empty()
-        return ListingRows(listing, self.tree.rows_budget, f"{self.store.display}/{self.prefix}")
+        where = f"{self.store.display}/{self.prefix}"
+        try:
+            rows = ListingRows(listing, self.tree.rows_budget, where)
+        except ListingTooLarge:
+            # the listing other handles of this directory hold, made a little earlier (no
+            # earlier than a listing is made again): a directory listed again while handles
+            # held its last listing did not fit beside it (an outside attacker: most of 6
+            # `ls -l` at once of 100,000 names under a writer EIO); names keep their numbers
+            ref, made = self._listed_for_rows
+            held = ref()
+            if held is None or not self.tree.rows_budget.holds(held) or \
+                    trio.current_time() - made > max(LISTING_MAX_AGE, RELIST_SPACING * self._took):
+                raise
+            return ListingRows(held, self.tree.rows_budget, where)
+        self._listed_for_rows = (weakref.ref(rows.listing), self._listed_at)
+        return rows
 
 
 def _usable(entries: "list[Entry] | Entries", where: str) -> "list[Entry] | Entries":
