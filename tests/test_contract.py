@@ -336,6 +336,48 @@ def test_a_plain_directory_shows_what_it_holds_now(tmp_path, seed):
                 assert sorted(os.listdir(mnt / "misc")) == sorted(os.listdir(top))
 
 
+def test_a_file_changed_in_place_shows_its_size_and_time_within_a_second(tmp_path):
+    """A plain file rewritten in place or appended to (the same file: its directory's times do
+    not move) kept its old size and mtime in `stat`, `ls -l` and so `cp -au` for good (an
+    outside attacker: until `zvfs refresh` or a change to the directory). Random in-place
+    growths, shrinks and appends: each shows, by `stat` and in `ls -l`, within about a second."""
+    rng = random.Random(7)
+    src = tmp_path / "store.zarr"
+    zarr.create_group(str(src))
+    misc = src / "misc"
+    misc.mkdir()
+    names = [f"f{i}" for i in range(5)]
+    for name in names:
+        (misc / name).write_bytes(b"x" * rng.randint(1, 5000))
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        shown = mnt / "misc"
+
+        def listed_sizes() -> dict[str, int]:
+            out = subprocess.run(["ls", "-ln", str(shown)], capture_output=True, text=True, check=True).stdout
+            return {line.split()[-1]: int(line.split()[4]) for line in out.splitlines()[1:]}
+
+        assert listed_sizes() == {name: (misc / name).stat().st_size for name in names}
+        dir_times = misc.stat().st_mtime_ns, misc.stat().st_ctime_ns
+        for step in range(8):
+            name = rng.choice(names)
+            time.sleep(rng.uniform(0, 0.6))
+            with open(misc / name, rng.choice(["r+b", "ab"])) as f:
+                f.write(b"y" * rng.randint(1, 5000))
+                if f.mode == "rb+" and rng.random() < 0.5:
+                    f.truncate(rng.randint(0, f.tell()))
+            assert (misc.stat().st_mtime_ns, misc.stat().st_ctime_ns) == dir_times  # (in place)
+            want = (misc / name).stat()
+            give_up = time.monotonic() + 2.5
+            while True:
+                st = (shown / name).stat()
+                if (st.st_size, int(st.st_mtime)) == (want.st_size, int(want.st_mtime)) and \
+                        listed_sizes()[name] == want.st_size:
+                    break
+                assert time.monotonic() < give_up, (step, name, st.st_size, want.st_size, listed_sizes()[name])
+                time.sleep(0.1)
+            assert (shown / name).read_bytes() == (misc / name).read_bytes()
+
+
 def test_a_name_that_changes_kind_or_goes_is_seen_within_a_second(tmp_path):
     """The kernel kept the names and attributes of files shown as stored for 24 h: a file
     replaced by a directory of the same name stayed a file (`f/in` ENOTDIR, `stat` the old

@@ -259,8 +259,9 @@ async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tm
     within a budget. A directory listed again while handles hold its last listing: the new
     one did not fit beside it, and a handle opened then was EIO (an outside attacker: most of
     6 `ls -l` at once of 100,000 names under a writer). Such a handle now gets the listing the
-    others hold, a little older (no older than a listing is kept), with the same numbers;
-    once they close, the new one."""
+    others hold if it is the one before, with the same numbers; if they hold an older one
+    (handles overlapping for good would see no change), they are waited for, at most the
+    patience; once they close, the new one."""
     import trio
 
     from zvfs.tree.nodes import ListingTooLarge
@@ -281,10 +282,24 @@ async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tm
         second.release()
         third = await d.rows()
         assert "g000" in third.names and third.window(5, 6)[1] == first.window(5, 6)[1]
-        await trio.sleep(1.1)  # (older than a listing is kept: not given to a new handle)
-        (tmp_path / "g001").write_bytes(b"")
-        assert (await d.lookup("g001")).key == "g001"
-        with pytest.raises(ListingTooLarge):
+        for name in ("g001", "g002"):  # (two listings later: not given to a new handle)
+            (tmp_path / name).write_bytes(b"")
+            assert (await d.lookup(name)).key == name
+        tree.listings.patience = 1.0
+        start = trio.current_time()
+        with pytest.raises(ListingTooLarge):  # (the handle holding it waited for, the patience)
             await d.rows()
+        assert 1.0 <= trio.current_time() - start < 1.5
+        got = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _append(got, d.rows()))
+            await trio.sleep(0.3)
+            assert not got
+            third.release()  # (its `ls` ends)
+        assert "g002" in got[0].names
     finally:
         await store.aclose()
+
+
+async def _append(out: list, awaitable) -> None:
+    out.append(await awaitable)

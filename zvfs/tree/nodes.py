@@ -805,6 +805,9 @@ class _Numbers(InodeRange):
         return None if i is None else self.store_dir.child(listing, i)  # type: ignore[arg-type]
 
 
+_UNANSWERED = object()
+
+
 class StoreDir:
     """The entries of one store directory shown as stored. A child's inode number is its
     position in the directory's first sorted listing, in a range of numbers reserved then:
@@ -831,8 +834,8 @@ class StoreDir:
         self._base_digest = b""  # the first listing's digest
         self._handed = 0  # numbers handed out in all
         self._next_new = 0  # the next number for a new name, in the last block
-        #: (weak) the listing of the last handle made of the current listing, and when it was made
-        self._listed_for_rows: tuple[Callable[[], Listing | None], float] = (lambda: None, 0.0)
+        self._previous: Callable[[], Listing | None] = lambda: None  # (weak) the one numbered before it
+        self._given: list[Callable[[], Listing | None]] = []  # (weak) listings given to directory handles
         self._numbered: Callable[[], Listing | None] = lambda: None  # (weak) the last listing numbered
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
         self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
@@ -845,11 +848,18 @@ class StoreDir:
         if kept and self._version is not None and not isinstance(was, BaseException):
             missed = looking_for is not None and (was is None or was.find(looking_for) is None)
             spacing = RELIST_SPACING * self._took  # (a listing that costs more is made again less often)
-            if missed or not self.tree.listings.checked_within(key, max(LISTING_MAX_AGE, spacing)):
+            aged = not self.tree.listings.checked_within(key, max(LISTING_MAX_AGE, spacing))
+            if missed or aged:
                 since = trio.current_time()
-                if await self._asked(self.store.listing_version, self.prefix, self._version, since) == self._version:
-                    self.tree.listings.mark_checked(key)
-                elif not missed or (spacing <= LISTING_MAX_AGE or since - self._listed_at >= spacing) and \
+                version = await self._asked(self.store.listing_version, self.prefix, _UNANSWERED, since)
+                if version is _UNANSWERED:
+                    pass  # (a hung mount below: what was known stands)
+                elif aged:
+                    # names, and the sizes and times of files changed in place, which leave
+                    # the directory's version as it was (an outside attacker: `stat`, `ls -l`
+                    # and `cp -au` showed a file rewritten in place at its old size for good)
+                    self.tree.listings.drop(key)
+                elif version != self._version and (spacing <= LISTING_MAX_AGE or since - self._listed_at >= spacing) and \
                         await self._asked(self.store.may_hold, self.key(looking_for), False, since):  # type: ignore[arg-type]
                     # (a name that is not there costs no listing: probes for absent names in
                     # a directory being written to, each a listing of all of it, held lookups up)
@@ -902,7 +912,7 @@ class StoreDir:
         else:
             return self._numbered_afresh(listing)
         listing = listing.numbered(inos)
-        self._numbered = weakref.ref(listing)
+        self._previous, self._numbered = self._numbered, weakref.ref(listing)
         return listing
 
     def _numbered_afresh(self, listing: Listing) -> Listing:
@@ -914,7 +924,7 @@ class StoreDir:
         self._handed = len(listing.names)
         start = self._blocks[0].start
         listing = listing.numbered(np.arange(start, start + len(listing.names), dtype=np.int64))
-        self._numbered = weakref.ref(listing)
+        self._previous, self._numbered = (lambda: None), weakref.ref(listing)  # (the one before: other numbers)
         return listing
 
     async def _asked(self, question: Callable[[str], Awaitable[Any]], about: str, unanswered: Any, since: float) -> Any:
@@ -958,24 +968,32 @@ class StoreDir:
 
     async def rows(self) -> Rows:
         listing = await self.listing()
-        if listing is None:
-            return Rows.empty()
-        where = f"{self.store.display}/{self.prefix}"
-        try:
-            rows = ListingRows(listing, self.tree.rows_budget, where)
-        except ListingTooLarge:
-            # the listing other handles of this directory hold, made a little earlier (no
-            # earlier than a listing is made again): a directory listed again while handles
-            # held its last listing did not fit beside it (an outside attacker: most of 6
-            # `ls -l` at once of 100,000 names under a writer EIO); names keep their numbers
-            ref, made = self._listed_for_rows
-            held = ref()
-            if held is None or not self.tree.rows_budget.holds(held) or \
-                    trio.current_time() - made > max(LISTING_MAX_AGE, RELIST_SPACING * self._took):
-                raise
-            return ListingRows(held, self.tree.rows_budget, where)
-        self._listed_for_rows = (weakref.ref(rows.listing), self._listed_at)
-        return rows
+        budget, where = self.tree.rows_budget, f"{self.store.display}/{self.prefix}"
+        give_up = trio.current_time() + (self.tree.listings.patience or 5.0)
+        while listing is not None:
+            try:
+                rows = ListingRows(listing, budget, where)
+            except ListingTooLarge:
+                # A directory listed again while handles held its last listing did not fit
+                # beside it (an outside attacker: most of 2-6 `ls -l` at once of 100,000 names
+                # under a writer EIO). The listing before, if handles hold it (names keep their
+                # numbers); if they hold an older one, the handles that hold it are waited for,
+                # at most the patience (a listing older still would show handles overlapping
+                # for good no change).
+                held = self._previous()
+                if held is not None and budget.holds(held):
+                    rows = ListingRows(held, budget, where)
+                elif trio.current_time() < give_up and any(li is not None and li is not listing and budget.holds(li)
+                                                           for li in (given() for given in self._given)):
+                    await trio.sleep(0.05)
+                    listing = await self.listing()
+                    continue
+                else:
+                    raise
+            self._given = [given for given in self._given if given() is not None and given() is not rows.listing]
+            self._given.append(weakref.ref(rows.listing))
+            return rows
+        return Rows.empty()
 
 
 def _usable(entries: "list[Entry] | Entries", where: str) -> "list[Entry] | Entries":
