@@ -818,13 +818,15 @@ class StoreDir:
     to went from 2-3 s to over 60 s each time it was listed again (an outside attacker; the
     kernel looked up each name again, and each handle's names fought the other's).
 
-    A kept listing is checked against the store's `listing_version` (locally one stat of the
-    directory) when it is used more than `LISTING_MAX_AGE` after its last check, and at once
-    when a name looked up is not in it: a name made in the store opens at its first lookup
-    (close-to-open; the kernel keeps no negative entry) and listings show changes within a
-    second. Before, a local directory's listing stood until `zvfs refresh` or its eviction,
-    and its new files were ENOENT for as long (an outside attacker, 10 minutes and more).
-    Stores that cannot tell cheaply (remote, archives) keep it until `zvfs refresh`."""
+    A kept listing is made again when it is used more than `LISTING_MAX_AGE` after it was
+    made (files rewritten in place change no directory times), and checked against the
+    store's `listing_version` (locally one stat of the directory) at once when a name looked
+    up is not in it: a name made in the store opens at its first lookup (close-to-open; the
+    kernel keeps no negative entry), and listings show changes, sizes and times within a
+    second (`RELIST_SPACING` for costly ones). Before, a local directory's listing stood until
+    `zvfs refresh` or its eviction, and its new files were ENOENT for as long (an outside
+    attacker, 10 minutes and more). Stores that cannot tell cheaply (remote, archives) keep
+    it until `zvfs refresh`."""
 
     def __init__(self, tree: "Tree", store: Store, prefix: str):
         self.tree = tree
