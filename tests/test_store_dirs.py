@@ -303,3 +303,60 @@ async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tm
 
 async def _append(out: list, awaitable) -> None:
     out.append(await awaitable)
+
+
+async def test_a_file_node_kept_answers_with_its_size_now(tmp_path):
+    """A node the tree keeps from a lookup (the kernel asks for it by number right after)
+    answered getattr with its file's size at that lookup, however long ago (an outside
+    attacker: `stat` showed a size 7-12 s old). Made current now, from the listing (at most a
+    second old), and not stored once its name is gone."""
+    import trio
+
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    store = LocalStore(str(tmp_path))
+    tree, d = _root_dir(store)
+    try:
+        node = await d.lookup("f")
+        tree.remember(node)
+        with open(tmp_path / "f", "ab") as f:  # (in place: the directory's times stay)
+            f.write(b"y" * 90)
+        await trio.sleep(1.1)
+        kept = await tree.node(node.ino)
+        assert await kept.revalidate() and await kept.size() == 100
+        (tmp_path / "f").unlink()
+        await trio.sleep(1.1)
+        assert not await kept.revalidate()
+    finally:
+        await store.aclose()
+
+
+async def test_a_listing_made_again_unchanged_is_the_same_listing(tmp_path):
+    """A listing is made again each second it is used (sizes of files changed in place); one
+    that found nothing changed is the listing kept, not a copy: directory handles of a huge
+    directory held copies that did not fit beside each other, and `ls -l` of it was EIO
+    while one file in it changed now and then (an outside attacker, 12 of 70 rounds)."""
+    import trio
+
+    for i in range(50):
+        (tmp_path / f"f{i:02d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    tree, d = _root_dir(store)
+    listed = _counted(store)
+    try:
+        first = await d.rows()
+        tree.rows_budget.max_bytes = first.listing.nbytes + 100  # (one listing at a time)
+        tree.listings.patience = 0.5
+        for step in range(4):  # (`first` held all along: a long `ls`)
+            if step == 1:
+                (tmp_path / "f07").write_bytes(b"changed in place")
+            await trio.sleep(1.1)
+            assert (await d.lookup("f07")).key == "f07"
+            again = await d.rows()  # (the listing made again, or the one before: never EIO)
+            if step == 0:
+                assert again.listing is first.listing
+            again.release()
+        assert len(listed) == 5
+        current = await d.listing()
+        assert current is not first.listing and current.sizes[7] == len(b"changed in place")
+    finally:
+        await store.aclose()

@@ -366,14 +366,29 @@ class PassFile(File):
     """A store key shown as it is. An open pins the key's current version (a replaced or
     rewritten file shows its new size) and reads come from that version."""
 
-    __slots__ = ("store", "key", "entry")
+    __slots__ = ("store", "key", "entry", "dir")
     kernel_keeps = LISTING_MAX_AGE  # (removed, or replaced by a directory: `StoreDir`)
 
-    def __init__(self, ino: int, store: Store, key: str, entry: Entry | None):
+    def __init__(self, ino: int, store: Store, key: str, entry: Entry | None, store_dir: "StoreDir | None" = None):
         super().__init__(ino)
         self.store = store
         self.key = key
         self.entry = entry
+        self.dir = store_dir
+
+    async def revalidate(self) -> bool:
+        """The entry of its directory's listing now (at most a second old): a node the tree kept
+        from a lookup answered getattr with the size of its file then (an outside attacker: a
+        `stat` showed a version of the path 7-12 s old). False when its name no longer numbers
+        this node. (Stores that cannot tell cheaply keep their listings: nothing to do.)"""
+        if self.dir is None or not self.dir.follows_store:
+            return True
+        listing = await self.dir.listing()
+        i = None if listing is None else listing.numbered_at(self.ino)
+        if i is None:
+            return False
+        self.entry = listing.entry(i)  # type: ignore[union-attr]
+        return True
 
     def stamp(self) -> Stamp:
         return stamp_of(self.entry)
@@ -631,6 +646,12 @@ class Listing:
         ascending = len(inos) < 2 or bool((inos[1:] > inos[:-1]).all())
         return replace(self, inos=inos, by_ino=None if ascending else np.argsort(inos))
 
+    def same_as(self, other: "Listing") -> bool:
+        """Whether `other` holds the same entries with the same attributes."""
+        return self.digest == other.digest and all(
+            np.array_equal(a, b) for a, b in ((self.sizes, other.sizes), (self.modes, other.modes), (self.owners, other.owners),
+                                              (self.tokens, other.tokens))) and np.array_equal(self.mtimes, other.mtimes, equal_nan=True)
+
     @property
     def nbytes(self) -> int:
         return sum(len(n) + 57 for n in self.names) + (53 + self.TOKEN) * len(self.names)
@@ -842,6 +863,11 @@ class StoreDir:
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
         self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
 
+    @property
+    def follows_store(self) -> bool:
+        """Whether kept listings are made again as the store changes (local stores)."""
+        return self._version is not None
+
     async def listing(self, looking_for: str | None = None) -> Listing | None:
         """The directory's listing; `looking_for`: a name looked up, which the listing kept
         is checked for first."""
@@ -891,6 +917,8 @@ class StoreDir:
         pass twice the directory's size, numbers of its own (the old ones `Stale`)."""
         n = len(listing.names)
         prior = self._numbered()
+        if prior is not None and prior.same_as(listing):
+            return prior  # (one object: directory handles holding it share it, `rows`)
         if self._blocks and listing.digest == self._base_digest:
             inos = np.arange(self._blocks[0].start, self._blocks[0].start + n, dtype=np.int64)
         elif self._blocks and prior is not None and prior.inos is not None:
@@ -957,7 +985,7 @@ class StoreDir:
         ino = int(listing.inos[i])  # type: ignore[index]
         if entry.is_dir:
             return PassDir(ino, self.tree.store_dir(self.store, key), entry)
-        return PassFile(ino, self.store, key, entry)
+        return PassFile(ino, self.store, key, entry, self)
 
     async def lookup(self, name: str) -> Node | None:
         listing = await self.listing(looking_for=name)
