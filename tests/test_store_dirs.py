@@ -254,16 +254,17 @@ async def test_a_lookup_takes_no_answer_older_than_itself(tmp_path):
         await store.aclose()
 
 
-async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tmp_path):
+async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tmp_path, monkeypatch):
     """Directory handles hold their listing (rows for the kernel's readdir), all together
     within a budget. A directory listed again while handles hold its last listing: the new
     one did not fit beside it, and a handle opened then was EIO (an outside attacker: most of
     6 `ls -l` at once of 100,000 names under a writer). Such a handle now gets the listing the
-    others hold if it is the one before, with the same numbers; if they hold an older one
-    (handles overlapping for good would see no change), they are waited for, at most the
-    patience; once they close, the new one."""
+    others hold if it was current a short while ago (`SHARED_MAX_AGE`), with the same
+    numbers; if not (handles overlapping for good would see no change), they are waited for,
+    at most the patience; once they close, the new one."""
     import trio
 
+    from zvfs.tree import nodes
     from zvfs.tree.nodes import ListingTooLarge
 
     for i in range(200):
@@ -282,7 +283,9 @@ async def test_a_handle_opened_past_the_budget_shares_the_listing_others_hold(tm
         second.release()
         third = await d.rows()
         assert "g000" in third.names and third.window(5, 6)[1] == first.window(5, 6)[1]
-        for name in ("g001", "g002"):  # (two listings later: not given to a new handle)
+        monkeypatch.setattr(nodes, "SHARED_MAX_AGE", 0.5)  # (times a second: 0.5 s)
+        await trio.sleep(0.6)
+        for name in ("g001", "g002"):  # (the one held is older than that: not given)
             (tmp_path / name).write_bytes(b"")
             assert (await d.lookup(name)).key == name
         tree.listings.patience = 1.0
@@ -344,19 +347,13 @@ async def test_a_listing_made_again_unchanged_is_the_same_listing(tmp_path):
     listed = _counted(store)
     try:
         first = await d.rows()
-        tree.rows_budget.max_bytes = first.listing.nbytes + 100  # (one listing at a time)
-        tree.listings.patience = 0.5
-        for step in range(4):  # (`first` held all along: a long `ls`)
-            if step == 1:
-                (tmp_path / "f07").write_bytes(b"changed in place")
-            await trio.sleep(1.1)
-            assert (await d.lookup("f07")).key == "f07"
-            again = await d.rows()  # (the listing made again, or the one before: never EIO)
-            if step == 0:
-                assert again.listing is first.listing
-            again.release()
-        assert len(listed) == 5
+        await trio.sleep(1.1)
+        assert (await d.lookup("f07")).key == "f07"  # (made again: older than a second)
+        assert len(listed) == 2 and await d.listing() is first.listing
+        (tmp_path / "f07").write_bytes(b"changed in place")
+        await trio.sleep(1.1)
+        assert (await d.lookup("f07")).key == "f07"
         current = await d.listing()
-        assert current is not first.listing and current.sizes[7] == len(b"changed in place")
+        assert len(listed) == 3 and current is not first.listing and current.sizes[7] == len(b"changed in place")
     finally:
         await store.aclose()

@@ -51,6 +51,10 @@ RELIST_SPACING = 10
 #: file every 0.2 s fills them in about 14 minutes); a directory whose numbers handed out pass
 #: twice its size (plus this) is numbered afresh, the old numbers `Stale`
 NEW_NAMES_BLOCK = 4096
+#: a directory handle that the directory's current listing does not fit beside the ones held
+#: gets the newest listing held, if it was current within this many times the time between
+#: listings (max(LISTING_MAX_AGE, RELIST_SPACING times what one takes); 100,000 names: ~45 s)
+SHARED_MAX_AGE = 3
 #: a chunk's shard replaced between its location and its pin this many times running: EIO.
 #: (3 gave 2 EIO in ~74,000 opens under a writer replacing the shard every 1 ms: a race
 #: repeated three times running about once in 37,000 opens; each more attempt costs only the
@@ -857,8 +861,8 @@ class StoreDir:
         self._base_digest = b""  # the first listing's digest
         self._handed = 0  # numbers handed out in all
         self._next_new = 0  # the next number for a new name, in the last block
-        self._previous: Callable[[], Listing | None] = lambda: None  # (weak) the one numbered before it
-        self._given: list[Callable[[], Listing | None]] = []  # (weak) listings given to directory handles
+        #: (weak) listings given to directory handles, and when each was last made or found current
+        self._given: list[tuple[Callable[[], Listing | None], float]] = []
         self._numbered: Callable[[], Listing | None] = lambda: None  # (weak) the last listing numbered
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
         self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
@@ -942,7 +946,7 @@ class StoreDir:
         else:
             return self._numbered_afresh(listing)
         listing = listing.numbered(inos)
-        self._previous, self._numbered = self._numbered, weakref.ref(listing)
+        self._numbered = weakref.ref(listing)
         return listing
 
     def _numbered_afresh(self, listing: Listing) -> Listing:
@@ -954,7 +958,7 @@ class StoreDir:
         self._handed = len(listing.names)
         start = self._blocks[0].start
         listing = listing.numbered(np.arange(start, start + len(listing.names), dtype=np.int64))
-        self._previous, self._numbered = (lambda: None), weakref.ref(listing)  # (the one before: other numbers)
+        self._numbered = weakref.ref(listing)
         return listing
 
     async def _asked(self, question: Callable[[str], Awaitable[Any]], about: str, unanswered: Any, since: float) -> Any:
@@ -1006,22 +1010,22 @@ class StoreDir:
             except ListingTooLarge:
                 # A directory listed again while handles held its last listing did not fit
                 # beside it (an outside attacker: most of 2-6 `ls -l` at once of 100,000 names
-                # under a writer EIO). The listing before, if handles hold it (names keep their
-                # numbers); if they hold an older one, the handles that hold it are waited for,
-                # at most the patience (a listing older still would show handles overlapping
-                # for good no change).
-                held = self._previous()
-                if held is not None and budget.holds(held):
-                    rows = ListingRows(held, budget, where)
-                elif trio.current_time() < give_up and any(li is not None and li is not listing and budget.holds(li)
-                                                           for li in (given() for given in self._given)):
+                # under a writer EIO). The newest listing handles hold, if it was current
+                # within `SHARED_MAX_AGE` listings' time (names keep their numbers); else the
+                # handles that hold older ones are waited for, at most the patience (handles
+                # overlapping for good would otherwise show no change, for good).
+                now = trio.current_time()
+                held = [(made, li) for ref, made in self._given if (li := ref()) is not None and budget.holds(li)]
+                made, newest = max(held, key=lambda h: h[0], default=(0.0, None))
+                if newest is not None and now - made <= SHARED_MAX_AGE * max(LISTING_MAX_AGE, RELIST_SPACING * self._took):
+                    return ListingRows(newest, budget, where)
+                if held and now < give_up:
                     await trio.sleep(0.05)
                     listing = await self.listing()
                     continue
-                else:
-                    raise
-            self._given = [given for given in self._given if given() is not None and given() is not rows.listing]
-            self._given.append(weakref.ref(rows.listing))
+                raise
+            self._given = [(ref, made) for ref, made in self._given if ref() is not None and ref() is not listing]
+            self._given.append((weakref.ref(listing), self._listed_at))
             return rows
         return Rows.empty()
 
