@@ -795,7 +795,7 @@ class ListingRows(HeldRows):
             raise ListingTooLarge(
                 f"{where}: listing this directory ({len(listing.names)} entries, {listing.nbytes >> 10} KiB) would take more "
                 f"than the {budget.max_bytes >> 10} KiB that the listings of open directories may hold ({budget.used >> 10} "
-                "KiB held by other open directories); raise -o memory= (or index_cache=)")
+                "KiB held by open directory handles, older listings of this one included); raise -o memory= (or index_cache=)")
 
     def release(self) -> None:
         if self.sharing:
@@ -1153,7 +1153,7 @@ class Tree:
         i = bisect.bisect_right(self._range_starts, ino) - 1
         if i < 0 or ino - self._range_starts[i] >= self._ranges[i].count:
             if ROOT_INO < ino < self._next:  # (a number handed out, in no range now: retired)
-                raise Stale(f"inode {ino}: of a listing made again since")
+                raise Stale(f"inode {ino}: of a directory numbered afresh since")
             return None
         return await self._ranges[i].node_at(ino - self._range_starts[i])
 
