@@ -376,6 +376,44 @@ def test_a_wait_past_the_patience_names_the_directory_listed():
     trio.run(main)
 
 
+async def test_a_listing_that_goes_on_past_the_patience_is_waited_for(tmp_path, monkeypatch):
+    """The patience is for a store that does not answer (a hung mount), not for a listing that
+    is slow because it is large and the machine busy: a local listing of 100,000 names that
+    took more than 5 s on a loaded machine was EIO, and so was every lookup in its directory
+    (an `ls -l` loop and a churn run beside it). A listing shows it goes on at each step of
+    entries (`PROGRESS`): waited for however long it takes; a load that shows nothing for the
+    patience is still given up."""
+    import threading
+    import time
+
+    from zvfs.storage import local
+
+    for i in range(3000):
+        (tmp_path / f"f{i:04d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    real_take = store.listing_budget.take
+
+    def slow_take(*args):  # (each step takes 0.1 s: 3 times the patience in all)
+        time.sleep(0.1)
+        return real_take(*args)
+
+    monkeypatch.setattr(store.listing_budget, "take", slow_take)
+    monkeypatch.setattr(local, "LISTED_ENTRY", 1300)  # (a step every 200 entries: 15 steps)
+    cache = CoalescingCache(1 << 20, name=str(tmp_path), patience=0.5)
+    try:
+        start = trio.current_time()
+        entries = await cache.get(("listing", 1, ""), lambda: store.list(""), keep=False)
+        assert len(entries) == 3000 and trio.current_time() - start > 1.0
+        hung = threading.Event()
+        start = trio.current_time()
+        with pytest.raises(StorageError, match="no answer within 0.5 s"):
+            await cache.get(("listing", 1, "hung"), lambda: trio.to_thread.run_sync(hung.wait, 3))
+        assert trio.current_time() - start < 1.0
+        hung.set()
+    finally:
+        await store.aclose()
+
+
 async def test_a_listing_larger_than_the_cache_is_not_evicted_by_small_ones():
     """A listing larger than the whole listings cache is kept beside the small ones, which are
     evicted around it; another oversized one replaces it. (Kept alone, the next small listing

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import abc
 import array
+import contextvars
 import hashlib
 import math
 import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Callable, Hashable
 
 from ..errors import DirectoryTooLarge
 
@@ -137,6 +138,13 @@ def usable_name(name: str) -> bool:
 LISTED_ENTRY = 142
 #: bytes a listing counts at once (a directory of fewer than ~1,500 names counts nothing)
 LISTING_STEP = 256 << 10
+
+#: what a store's long blocking call (a local listing, at each `LISTING_STEP`) calls as it
+#: goes on, in the load that made it (`CoalescingCache`): a load that goes on is waited for,
+#: whatever it takes; one that shows nothing for the patience is given up (a hung mount).
+#: (A listing of 100,000 names that took more than the 5 s patience on a loaded machine was
+#: EIO, and so was every lookup in its directory: an `ls -l` loop and a churn run beside it.)
+PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("zvfs_progress", default=None)
 
 
 class ListingBudget:

@@ -25,8 +25,9 @@ behind it in D state, even after SIGKILL). With a patience:
 
 * loads run in tasks of their own (system tasks), which no request's giving up cancels: what
   a load brings back is kept for the next request even when nobody waits for it any more;
-* a request waits at most `patience` (+ `SLACK`) for a load, then fails (StorageError: EIO)
-  and leaves the load running; until that load ends, requests for its key fail at once (it
+* a request waits at most `patience` (+ `SLACK`) for a load that shows nothing (a load that
+  shows it goes on, `PROGRESS`, as a local listing of a huge directory on a busy machine
+  does, is waited for), then fails (StorageError: EIO) and leaves the load running; until that load ends, requests for its key fail at once (it
   is *overdue*): a shard on a hung mount costs its directory `patience` once, and its own
   files EIO, not a frozen directory. (A remote store also keeps the calls made while it is
   stalled within the stall's deadline: storage/remote.py.)
@@ -44,7 +45,7 @@ from typing import Any, Awaitable, Callable, Hashable
 import trio
 
 from ..errors import CorruptShardError, DirectoryTooLarge, ShardChanged, StorageError
-from .base import Store
+from .base import PROGRESS, Store
 
 log = logging.getLogger("zvfs.cache")
 
@@ -58,8 +59,23 @@ LISTING_MAX_AGE = 1.0
 SLACK = 0.25
 
 
+class _GoingOn:
+    """When a load last showed it goes on (`PROGRESS`; called from worker threads too). Apart
+    from its flight: what copies the load's context (a worker thread, a connection's tasks)
+    keeps this alive, and a flight kept so kept its value: 16 endless index pages listed at
+    once took the daemon to 413 MiB against 198."""
+
+    __slots__ = ("at",)
+
+    def __init__(self):
+        self.at = time.monotonic()
+
+    def __call__(self) -> None:
+        self.at = time.monotonic()
+
+
 class _Flight:
-    __slots__ = ("done", "value", "error", "overdue", "waiters")
+    __slots__ = ("done", "value", "error", "overdue", "waiters", "going_on")
 
     def __init__(self):
         self.done = trio.Event()
@@ -67,6 +83,7 @@ class _Flight:
         self.error: BaseException | None = None
         self.overdue = False  # a request gave up waiting for it
         self.waiters = 0
+        self.going_on = _GoingOn()
 
 
 def nbytes_of(value: Any) -> int:
@@ -144,8 +161,14 @@ class CoalescingCache:
         if not flight.done.is_set():
             flight.waiters += 1
             try:
-                with trio.move_on_after(math.inf if self.patience is None else self.patience + SLACK):
-                    await flight.done.wait()
+                wait = math.inf if self.patience is None else self.patience + SLACK
+                while True:
+                    with trio.move_on_after(wait):
+                        await flight.done.wait()
+                    quiet = time.monotonic() - flight.going_on.at  # (a load that goes on is waited for: `PROGRESS`)
+                    if flight.done.is_set() or quiet >= self.patience:  # type: ignore[operator]
+                        break
+                    wait = self.patience + SLACK - quiet  # type: ignore[operator]
             finally:
                 flight.waiters -= 1
             if not flight.done.is_set():
@@ -160,6 +183,7 @@ class CoalescingCache:
         in a system task of its own (it outlives the requests that wait for it, and ends with
         the daemon); what it brings back is in `flight` when `flight.done` is set."""
         start = trio.current_time()
+        going_on = PROGRESS.set(flight.going_on)
         try:
             try:
                 value = await load()
@@ -179,6 +203,7 @@ class CoalescingCache:
             if flight.overdue and flight.waiters == 0 and not isinstance(e, (StorageError, ShardChanged, OSError)):
                 log.error("loading %s failed", self._where(key), exc_info=e)
         finally:
+            PROGRESS.reset(going_on)
             del self._flights[key]
             flight.done.set()
 
@@ -199,6 +224,20 @@ class CoalescingCache:
             words = words[1:]
         what = max(words, key=len) if words else repr(key)[:80]
         return f"{self.name}/{what}" if self.name else what
+
+    def loading(self, key: Hashable) -> bool:
+        """Whether a load of `key` is under way."""
+        return key in self._flights
+
+    def refresh(self, key: Hashable, load: Callable[[], Awaitable[Any]]) -> None:
+        """Load `key` again in a task of its own, what is cached answering meanwhile (until
+        the new value replaces it); nothing if a load of it is under way."""
+        if key in self._flights:
+            return
+        self.misses += 1
+        flight = self._flights[key] = _Flight()
+        trio.lowlevel.spawn_system_task(self._load, key, load, flight, name=f"zvfs reload {self._where(key)}",
+                                        context=contextvars.copy_context())
 
     def checked_within(self, key: Hashable, seconds: float) -> bool:
         """Whether `key` was loaded or found unchanged less than `seconds` ago."""

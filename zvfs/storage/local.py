@@ -115,7 +115,7 @@ from ..errors import DirectoryTooLarge, ShardChanged, StorageError, TooManyOpen
 from . import leases
 from .access import (CLOSED, Dir, Subdirs, acl_of, acl_support, dir_facts, dir_of, narrowed, needs_acl, protected_symlinks,
                      reach, subdir_facts)
-from .base import LISTED_ENTRY, LISTING_STEP, Entries, Entry, ListingBudget, Pin, Store, Version, proof
+from .base import LISTED_ENTRY, LISTING_STEP, PROGRESS, Entries, Entry, ListingBudget, Pin, Store, Version, proof
 from .dirwatch import DirectoryWatch
 from .mounttable import FINE_TIMESTAMPS, LOCAL_FS_TYPES, MEMORY_FS_TYPES, MountTable
 from .walk import Gate, Walked, join, resolve
@@ -1280,6 +1280,7 @@ class LocalStore(Store):
         reach the listed one, symlinks followed (and, for an entry that is a link, over the
         ones its target's walk searches)."""
         path = self._path(prefix)
+        going_on = PROGRESS.get()
         walked = resolve(self.real_root, prefix.split("/") if prefix else [], "", self._protected)
         try:
             fd = os.open(path, OPEN_FLAGS | os.O_DIRECTORY)
@@ -1344,6 +1345,8 @@ class LocalStore(Store):
                     if owed >= LISTING_STEP:
                         self.listing_budget.take(f"{path}: a directory of more than {len(out):,} entries", taken, owed)
                         taken, owed = taken + owed, 0
+                        if going_on is not None:
+                            going_on()
                     if is_dir and (st.st_dev, st.st_ino) in ancestors:
                         name = f"{path}/{de.name}"
                         self._warn_once(name, f"{name}: leads back to a directory above it (a loop); not listed")

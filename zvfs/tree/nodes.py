@@ -47,6 +47,10 @@ RECENT = 4096  # computed nodes kept after a lookup or listing
 #: directory of 100,000 names that a writer added to every 0.2 s made no progress for 19
 #: minutes, the daemon listing it again and again); so at most a tenth of the time
 RELIST_SPACING = 10
+#: ... but at least this often (seconds): a listing's time is counted on the clock, and on a
+#: loaded machine 100,000 names took 4-8 s, so that files changed in place there showed their
+#: new size after 45-100 s (2 `ls -l` loops, 3 `ls` loops and a churn run on 2 cores)
+RELIST_MAX_SPACING = 20.0
 #: numbers reserved at a time for the names a directory shown as stored gains (a writer adding a
 #: file every 0.2 s fills them in about 14 minutes); a directory whose numbers handed out pass
 #: twice its size (plus this) is numbered afresh, the old numbers `Stale`
@@ -701,11 +705,22 @@ class ListingTooLarge(StorageError):
 class RowsBudget:
     """The bytes the listings held by open directory handles take, all together (`ChunkRows`
     of chunk directories, `ListingRows` of directories shown as stored): at most the listings
-    cache's size, the index share of the `memory` budget that is not shard indexes."""
+    cache's size, the index share of the `memory` budget that is not shard indexes; and,
+    beyond it whatever their size, the listings of one directory shown as stored (`BEYOND`:
+    the listings cache keeps one larger than itself too)."""
+
+    #: listings held beyond the budget, all of one directory: its newest beside one that open
+    #: handles still hold. (One, held alone: while `ls -l` of a directory of 100,000 names ran,
+    #: every `ls` of a directory of 200 names beside it was EIO, 400 of 400 measured, and the
+    #: reverse; one of that directory: 6 of 112 `ls -l` of it EIO, two at once under a writer
+    #: and a loaded machine, the one held outliving what it may be shared for.)
+    BEYOND = 2
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.used = 0
+        self._beyond: list[int] = []  # ids of the listings held beyond the budget
+        self._beyond_of: object = None  # their directory
         self._shared: dict[int, list] = {}  # id(listing) -> [listing, holders, bytes]
 
     def take(self, nbytes: int) -> bool:
@@ -716,21 +731,29 @@ class RowsBudget:
         self.used += nbytes
         return True
 
-    def share(self, listing: Listing, force: bool = False) -> bool:
-        """Hold `listing` once however many handles hold it (an outside attacker: 9 of 10 `ls`
-        at once of one directory were EIO, its listing counted once per handle); `force`: even
-        past the budget. False, and nothing held, when it does not fit."""
+    def share(self, listing: Listing, of: object) -> bool:
+        """Hold `listing` (of directory `of`) once however many handles hold it (an outside
+        attacker: 9 of 10 `ls` at once of one directory were EIO, its listing counted once per
+        handle), in the budget or else beyond it. False, and nothing held, when it fits neither."""
         held = self._shared.get(id(listing))
         if held is not None:
             held[1] += 1
             return True
         nbytes = listing.nbytes
         if not self.take(nbytes):
-            if not force:
+            if not self._room_beyond(of):
                 return False
-            self.used += nbytes
+            self._beyond.append(id(listing))
+            self._beyond_of, nbytes = of, 0
         self._shared[id(listing)] = [listing, 1, nbytes]
         return True
+
+    def _room_beyond(self, of: object) -> bool:
+        return not self._beyond or (len(self._beyond) < self.BEYOND and self._beyond_of is of)
+
+    def fits(self, nbytes: int, of: object) -> bool:
+        """Whether a listing of `nbytes` of directory `of` would be held now."""
+        return self.used + nbytes <= self.max_bytes or self._room_beyond(of)
 
     def holds(self, listing: Listing) -> bool:
         held = self._shared.get(id(listing))
@@ -742,6 +765,8 @@ class RowsBudget:
         if not held[1]:
             del self._shared[id(listing)]
             self.used -= held[2]
+            if id(listing) in self._beyond:
+                self._beyond.remove(id(listing))
 
 
 class HeldRows(Rows):
@@ -778,24 +803,25 @@ class ListingRows(HeldRows):
     (a directory of 200,000 files would otherwise hold a dozen Python objects per entry for as
     long as it is open: 118 MiB, measured). The listing is held for as long as its directory
     handle is open, whatever its cache does, so it counts in the tree's `RowsBudget`: one
-    larger than the whole budget only alone (as the cache keeps one), and a listing that does
-    not fit beside the others held is ListingTooLarge (an outside attacker's 12 handles on
+    directory's listings beyond the budget (`RowsBudget.BEYOND`), and a listing that does not
+    fit beside the others held is ListingTooLarge (an outside attacker's 12 handles on
     directories of 50,000 long names held 340 MB under `memory=64M`). Handles of one listing
     hold it once (`RowsBudget.share`)."""
 
     kernel_keeps = LISTING_MAX_AGE
 
-    def __init__(self, listing: Listing, budget: RowsBudget, where: str):
+    def __init__(self, listing: Listing, budget: RowsBudget, of: object, where: str):
         super().__init__(budget)
         self.listing = listing
         self.names = listing.names
         self.sharing = False
-        self.sharing = budget.share(listing, force=not budget.used)
+        self.sharing = budget.share(listing, of)
         if not self.sharing:
             raise ListingTooLarge(
                 f"{where}: listing this directory ({len(listing.names)} entries, {listing.nbytes >> 10} KiB) would take more "
                 f"than the {budget.max_bytes >> 10} KiB that the listings of open directories may hold ({budget.used >> 10} "
-                "KiB held by open directory handles, older listings of this one included); raise -o memory= (or index_cache=)")
+                "KiB held by open directory handles, and larger listings beyond it, another directory's or older ones of "
+                "this one); raise -o memory= (or index_cache=)")
 
     def release(self) -> None:
         if self.sharing:
@@ -867,6 +893,10 @@ class StoreDir:
         self._version: Hashable | None = None  # `listing_version` before the kept listing was made
         self._listed_at = self._took = 0.0  # when the kept listing was made, and how long that took
 
+    def _spacing(self) -> float:
+        """Seconds between listings made again by age (`RELIST_SPACING`)."""
+        return min(RELIST_SPACING * self._took, RELIST_MAX_SPACING)
+
     @property
     def follows_store(self) -> bool:
         """Whether kept listings are made again as the store changes (local stores)."""
@@ -876,26 +906,6 @@ class StoreDir:
         """The directory's listing; `looking_for`: a name looked up, which the listing kept
         is checked for first."""
         key = ("listing", id(self.store), self.prefix)
-        kept, was = self.tree.listings.peek(key)
-        if kept and self._version is not None and not isinstance(was, BaseException):
-            missed = looking_for is not None and (was is None or was.find(looking_for) is None)
-            spacing = RELIST_SPACING * self._took  # (a listing that costs more is made again less often)
-            aged = not self.tree.listings.checked_within(key, max(LISTING_MAX_AGE, spacing))
-            if missed or aged:
-                since = trio.current_time()
-                version = await self._asked(self.store.listing_version, self.prefix, _UNANSWERED, since)
-                if version is _UNANSWERED:
-                    pass  # (a hung mount below: what was known stands)
-                elif aged:
-                    # names, and the sizes and times of files changed in place, which leave
-                    # the directory's version as it was (an outside attacker: `stat`, `ls -l`
-                    # and `cp -au` showed a file rewritten in place at its old size for good)
-                    self.tree.listings.drop(key)
-                elif version != self._version and (spacing <= LISTING_MAX_AGE or since - self._listed_at >= spacing) and \
-                        await self._asked(self.store.may_hold, self.key(looking_for), False, since):  # type: ignore[arg-type]
-                    # (a name that is not there costs no listing: probes for absent names in
-                    # a directory being written to, each a listing of all of it, held lookups up)
-                    self.tree.listings.drop(key)
 
         async def load() -> Listing | None:
             start = trio.current_time()
@@ -910,6 +920,34 @@ class StoreDir:
             self._listed_at = trio.current_time()
             self._took = self._listed_at - start
             return listing
+
+        kept, was = self.tree.listings.peek(key)
+        if kept and self._version is not None and not isinstance(was, BaseException):
+            missed = looking_for is not None and (was is None or was.find(looking_for) is None)
+            spacing = self._spacing()  # (a listing that costs more is made again less often)
+            aged = not self.tree.listings.checked_within(key, max(LISTING_MAX_AGE, spacing))
+            if aged and not missed and spacing > LISTING_MAX_AGE and self.tree.listings.loading(key):
+                return was  # (being made again: `refresh` below)
+            if missed or aged:
+                since = trio.current_time()
+                version = await self._asked(self.store.listing_version, self.prefix, _UNANSWERED, since)
+                if version is _UNANSWERED:
+                    pass  # (a hung mount below: what was known stands)
+                elif aged and not missed and spacing > LISTING_MAX_AGE:
+                    # made again while the kept one answers (a costly listing: getattrs and
+                    # lookups of names it holds waited for it, 2 `ls -l` of 100,000 names on a
+                    # loaded machine took up to 148 s a round, the listing 16-18 s)
+                    self.tree.listings.refresh(key, load)
+                elif aged:
+                    # names, and the sizes and times of files changed in place, which leave
+                    # the directory's version as it was (an outside attacker: `stat`, `ls -l`
+                    # and `cp -au` showed a file rewritten in place at its old size for good)
+                    self.tree.listings.drop(key)
+                elif version != self._version and (spacing <= LISTING_MAX_AGE or since - self._listed_at >= spacing) and \
+                        await self._asked(self.store.may_hold, self.key(looking_for), False, since):  # type: ignore[arg-type]
+                    # (a name that is not there costs no listing: probes for absent names in
+                    # a directory being written to, each a listing of all of it, held lookups up)
+                    self.tree.listings.drop(key)
 
         return await self.tree.listings.get(key, load)
 
@@ -1006,24 +1044,31 @@ class StoreDir:
         give_up = trio.current_time() + (self.tree.listings.patience or 5.0)
         while listing is not None:
             try:
-                rows = ListingRows(listing, budget, where)
+                rows = ListingRows(listing, budget, self, where)
             except ListingTooLarge:
-                # A directory listed again while handles held its last listing did not fit
-                # beside it (an outside attacker: most of 2-6 `ls -l` at once of 100,000 names
-                # under a writer EIO). The newest listing handles hold, if it was current
+                # A directory listed again while handles held its last listings did not fit
+                # beside them (an outside attacker: most of 2-6 `ls -l` at once of 100,000
+                # names under a writer EIO). The newest listing handles hold, if it was current
                 # within `SHARED_MAX_AGE` listings' time (names keep their numbers); else the
-                # handles that hold older ones are waited for, at most the patience (handles
-                # overlapping for good would otherwise show no change, for good).
+                # handles that hold the listings in the way (older ones of this directory, or
+                # another directory's beyond the budget) are waited for, at most the patience
+                # (handles overlapping for good would otherwise show no change, for good), and
+                # then the newest one held of this directory all the same: older, not EIO.
                 now = trio.current_time()
                 held = [(made, li) for ref, made in self._given if (li := ref()) is not None and budget.holds(li)]
                 made, newest = max(held, key=lambda h: h[0], default=(0.0, None))
-                if newest is not None and now - made <= SHARED_MAX_AGE * max(LISTING_MAX_AGE, RELIST_SPACING * self._took):
-                    return ListingRows(newest, budget, where)
-                if held and now < give_up:
+                if newest is not None and (now >= give_up or now - made <= SHARED_MAX_AGE * max(LISTING_MAX_AGE, self._spacing())):
+                    return ListingRows(newest, budget, self, where)
+                if now >= give_up:
+                    raise
+                # (not held while waiting: 8 handles of 8 such directories opened at once
+                # held 7 listings waiting, the daemon 78 MiB up under memory=64M; made again
+                # once it would fit)
+                need, listing = listing.nbytes, None
+                while not budget.fits(need, self) and trio.current_time() < give_up:
                     await trio.sleep(0.05)
-                    listing = await self.listing()
-                    continue
-                raise
+                listing = await self.listing()
+                continue
             self._given = [(ref, made) for ref, made in self._given if ref() is not None and ref() is not listing]
             self._given.append((weakref.ref(listing), self._listed_at))
             return rows
