@@ -35,6 +35,16 @@ def _counted(store: LocalStore, delay: float = 0.0) -> list[str]:
     return listed
 
 
+def _slow_dir(tmp_path, delay: float):
+    """A local store of 50 files whose listing takes `delay` seconds: the store, the prefixes
+    it lists from now on, its tree and root directory."""
+    for i in range(50):
+        (tmp_path / f"f{i:03d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    listed = _counted(store, delay)
+    return store, listed, *_root_dir(store)
+
+
 async def test_names_keep_their_numbers_when_their_directory_changes(tmp_path):
     """A random writer adds files, removes some and puts directories in place of others, a
     reader looks up each new file, 300 times (each lookup lists the directory again): every
@@ -200,11 +210,7 @@ async def test_a_listing_that_costs_more_is_made_again_less_often(tmp_path):
     writer adds is found once ten times the listing's cost has passed."""
     import trio
 
-    for i in range(50):
-        (tmp_path / f"f{i:03d}").write_bytes(b"")
-    store = LocalStore(str(tmp_path))
-    listed = _counted(store, delay=0.5)
-    tree, d = _root_dir(store)
+    store, listed, tree, d = _slow_dir(tmp_path, delay=0.5)
     try:
         assert await d.lookup("f000") is not None
         start = trio.current_time()
@@ -232,11 +238,7 @@ async def test_a_costly_listing_is_made_again_while_the_kept_one_answers(tmp_pat
     from zvfs.tree import nodes
 
     monkeypatch.setattr(nodes, "RELIST_SPACING", 3)  # (made again by age every 1.5 s)
-    for i in range(50):
-        (tmp_path / f"f{i:03d}").write_bytes(b"")
-    store = LocalStore(str(tmp_path))
-    listed = _counted(store, delay=0.5)
-    tree, d = _root_dir(store)
+    store, listed, tree, d = _slow_dir(tmp_path, delay=0.5)
     try:
         assert await d.lookup("f007") is not None and len(listed) == 1
         (tmp_path / "f007").write_bytes(b"changed in place")

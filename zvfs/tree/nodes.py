@@ -48,8 +48,9 @@ RECENT = 4096  # computed nodes kept after a lookup or listing
 #: minutes, the daemon listing it again and again); so at most a tenth of the time
 RELIST_SPACING = 10
 #: ... but at least this often (seconds): a listing's time is counted on the clock, and on a
-#: loaded machine 100,000 names took 4-8 s, so that files changed in place there showed their
-#: new size after 45-100 s (2 `ls -l` loops, 3 `ls` loops and a churn run on 2 cores)
+#: loaded machine 100,000 names took 15-18 s, so that 4 of 5 files changed in place there did
+#: not show their new size within 60 s (2 `ls -l` loops, 3 `ls` loops and a churn run on 2
+#: cores; 38-39 s with this bound, the listing taking 23-25 s)
 RELIST_MAX_SPACING = 20.0
 #: numbers reserved at a time for the names a directory shown as stored gains (a writer adding a
 #: file every 0.2 s fills them in about 14 minutes); a directory whose numbers handed out pass
@@ -1062,8 +1063,8 @@ class StoreDir:
                 if now >= give_up:
                     raise
                 # (not held while waiting: 8 handles of 8 such directories opened at once
-                # held 7 listings waiting, the daemon 78 MiB up under memory=64M; made again
-                # once it would fit)
+                # held 7 listings waiting, the daemon 75-78 MiB up under memory=64M; made
+                # again once it would fit)
                 need, listing = listing.nbytes, None
                 while not budget.fits(need, self) and trio.current_time() < give_up:
                     await trio.sleep(0.05)
