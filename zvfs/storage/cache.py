@@ -27,10 +27,11 @@ behind it in D state, even after SIGKILL). With a patience:
   a load brings back is kept for the next request even when nobody waits for it any more;
 * a request waits at most `patience` (+ `SLACK`) for a load that shows nothing (a load that
   shows it goes on, `PROGRESS`, as a local listing of a huge directory on a busy machine
-  does, is waited for), then fails (StorageError: EIO) and leaves the load running; until that load ends, requests for its key fail at once (it
-  is *overdue*): a shard on a hung mount costs its directory `patience` once, and its own
-  files EIO, not a frozen directory. (A remote store also keeps the calls made while it is
-  stalled within the stall's deadline: storage/remote.py.)
+  does, is waited for), then fails (StorageError: EIO) and leaves the load running; until
+  that load ends, requests for its key fail at once (it is *overdue*): a shard on a hung
+  mount costs its directory `patience` once, and its own files EIO, not a frozen directory.
+  (A remote store also keeps the calls made while it is stalled within the stall's deadline:
+  storage/remote.py.)
 """
 
 from __future__ import annotations
@@ -150,12 +151,11 @@ class CoalescingCache:
             del self._refused[key]
         if flight is None:
             self.misses += keep
-            flight = self._flights[key] = _Flight()
             if self.patience is None:
+                flight = self._flights[key] = _Flight()
                 await self._load(key, load, flight, keep)
             else:
-                trio.lowlevel.spawn_system_task(self._load, key, load, flight, keep, name=f"zvfs load {self._where(key)}",
-                                                context=contextvars.copy_context())
+                flight = self._start(key, load, keep)
         elif flight.overdue:
             raise StorageError(f"{self._where(key)}: no answer yet (still waiting for an earlier request)")
         if not flight.done.is_set():
@@ -232,12 +232,16 @@ class CoalescingCache:
     def refresh(self, key: Hashable, load: Callable[[], Awaitable[Any]]) -> None:
         """Load `key` again in a task of its own, what is cached answering meanwhile (until
         the new value replaces it); nothing if a load of it is under way."""
-        if key in self._flights:
-            return
-        self.misses += 1
+        if key not in self._flights:
+            self.misses += 1
+            self._start(key, load)
+
+    def _start(self, key: Hashable, load: Callable[[], Awaitable[Any]], keep: bool = True) -> _Flight:
+        """A load of `key` begun in a system task of its own (module docstring)."""
         flight = self._flights[key] = _Flight()
-        trio.lowlevel.spawn_system_task(self._load, key, load, flight, name=f"zvfs reload {self._where(key)}",
+        trio.lowlevel.spawn_system_task(self._load, key, load, flight, keep, name=f"zvfs load {self._where(key)}",
                                         context=contextvars.copy_context())
+        return flight
 
     def checked_within(self, key: Hashable, seconds: float) -> bool:
         """Whether `key` was loaded or found unchanged less than `seconds` ago."""

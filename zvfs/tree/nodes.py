@@ -927,17 +927,18 @@ class StoreDir:
             missed = looking_for is not None and (was is None or was.find(looking_for) is None)
             spacing = self._spacing()  # (a listing that costs more is made again less often)
             aged = not self.tree.listings.checked_within(key, max(LISTING_MAX_AGE, spacing))
-            if aged and not missed and spacing > LISTING_MAX_AGE and self.tree.listings.loading(key):
-                return was  # (being made again: `refresh` below)
+            # a costly listing is made again while the kept one answers the names it holds
+            # (getattrs and lookups of them waited for it: 2 `ls -l` of 100,000 names on a
+            # loaded machine took up to 148 s a round, the listing 16-18 s)
+            in_background = aged and not missed and spacing > LISTING_MAX_AGE
+            if in_background and self.tree.listings.loading(key):
+                return was
             if missed or aged:
                 since = trio.current_time()
                 version = await self._asked(self.store.listing_version, self.prefix, _UNANSWERED, since)
                 if version is _UNANSWERED:
                     pass  # (a hung mount below: what was known stands)
-                elif aged and not missed and spacing > LISTING_MAX_AGE:
-                    # made again while the kept one answers (a costly listing: getattrs and
-                    # lookups of names it holds waited for it, 2 `ls -l` of 100,000 names on a
-                    # loaded machine took up to 148 s a round, the listing 16-18 s)
+                elif in_background:
                     self.tree.listings.refresh(key, load)
                 elif aged:
                     # names, and the sizes and times of files changed in place, which leave
