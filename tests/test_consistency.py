@@ -195,22 +195,31 @@ def test_an_index_entry_past_the_end_of_the_shard_is_eio_never_a_huge_file(tmp_p
 
 def test_times_and_modes_come_from_the_store(tmp_path):
     """Chunk files carry their shard's mtime and (read-only) mode, rewritten metadata the
-    mtime of the file it was rewritten from: rsync and make see nothing changed after a
-    remount, and nothing is more readable through the mount than in the store."""
+    mtime of the file it was rewritten from, files and directories shown as stored their own,
+    to the nanosecond (make, `cp -u` and `find -newer` compare nanoseconds): rsync and make see
+    nothing changed after a remount, and nothing is more readable through the mount than in
+    the store."""
     base = Path(tempfile.mkdtemp(prefix="zvfs-modes-"))  # every reader may reach it (pytest's own are 0700)
     base.chmod(0o755)
     src, _, old, _ = _stores(base)
     shard, meta = src / "c/0/0", src / "zarr.json"
-    os.utime(shard, (1_600_000_000, 1_600_000_000))
-    os.utime(meta, (1_500_000_000, 1_500_000_000))
+    shard_ns, meta_ns = 1_600_000_000_123_456_789, 1_500_000_000_987_654_321
+    os.utime(shard, ns=(shard_ns, shard_ns))
+    os.utime(meta, ns=(meta_ns, meta_ns))
+    (src / "notes").mkdir()
+    (src / "notes" / "README.txt").write_text("x")
+    os.utime(src / "notes" / "README.txt", ns=(1, 1_400_000_000_000_000_777))
+    os.utime(src / "notes", ns=(1, 1_300_000_000_000_000_333))
     shard.chmod(0o640)
     src.chmod(0o750)
     for _ in range(2):  # the same after a remount
         with zvfs_mount(src, tmp_path / "mnt") as mnt:
             listed = {e.name: e.stat() for e in os.scandir(mnt / "c/0")}  # attributes from the listing
             for st in [*listed.values(), (mnt / "c/1/1").stat()]:
-                assert st.st_mtime == 1_600_000_000
+                assert st.st_mtime_ns == shard_ns
                 assert st.st_mode & 0o777 == 0o440
-            assert (mnt / "zarr.json").stat().st_mtime == 1_500_000_000
+            assert (mnt / "zarr.json").stat().st_mtime_ns == meta_ns
+            assert (mnt / "notes" / "README.txt").stat().st_mtime_ns == 1_400_000_000_000_000_777
+            assert (mnt / "notes").stat().st_mtime_ns == 1_300_000_000_000_000_333
             assert (mnt / "c").stat().st_mode & 0o777 == 0o550
     shutil.rmtree(base)

@@ -110,7 +110,7 @@ async def test_versions_follow_rewrite_replace_truncate_and_delete(public_tmp):
         data, v1 = await store.read_version("shard", 0, 10)
         st = os.stat(shard)
         assert data == b"A" * 10 and v1.size == 1000 and v1.tag == stat_tag(shard)
-        assert v1.mode == stat.S_IMODE(st.st_mode) and v1.mtime == st.st_mtime
+        assert v1.mode == stat.S_IMODE(st.st_mode) and v1.mtime_ns == st.st_mtime_ns
         assert (await store.current("shard")).same(v1)
 
         # atomic replace: the path is v2; the old file's ctime moved when it lost its name,
@@ -329,16 +329,16 @@ async def test_listings_carry_modes_and_mtimes(public_tmp):
     (tmp_path / "d").chmod(0o750)
     (tmp_path / "private").write_bytes(b"p")
     (tmp_path / "private").chmod(0o600)
-    os.utime(tmp_path / "private", (1_600_000_000, 1_600_000_000.25))
+    os.utime(tmp_path / "private", ns=(1_600_000_000 * 10**9, 1_600_000_000_250_000_123))
     store = LocalStore(str(tmp_path))
     try:
         got = {e.name: e for e in await store.list("")}
         for name in ("d", "private"):
             st = os.stat(tmp_path / name)
-            assert (got[name].mode, got[name].mtime) == (stat.S_IMODE(st.st_mode), st.st_mtime)
-        assert got["private"].mode == 0o600 and got["private"].mtime == 1_600_000_000.25
+            assert (got[name].mode, got[name].mtime_ns) == (stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+        assert got["private"].mode == 0o600 and got["private"].mtime_ns == 1_600_000_000_250_000_123  # (to the nanosecond)
         v = await store.current("private")
-        assert (v.mode, v.mtime) == (0o600, 1_600_000_000.25)
+        assert (v.mode, v.mtime_ns) == (0o600, 1_600_000_000_250_000_123)
     finally:
         await store.aclose()
 

@@ -52,7 +52,7 @@ class Shown:
         return uid, gid
 
     def mtime_ns(self, stamp: Stamp) -> int:
-        return self.stamp_ns if stamp.mtime is None else int(stamp.mtime * 1e9)
+        return self.stamp_ns if stamp.mtime_ns is None else stamp.mtime_ns
 
     def public(self, is_dir: bool, mode: int | None) -> bool:
         """Whether every local user may read the node (a directory: list it and pass through

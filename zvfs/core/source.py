@@ -149,7 +149,7 @@ class OpenSource:
             else:  # gone (moved into a closed directory, say): shown closed to all but root,
                 # whatever the root's bits (its metadata, read when opened, is no longer the store's)
                 old = self.dirs[path]
-                self.dirs[path] = Entry(old.name, True, 0, 0, old.mtime, old.uid, old.gid)
+                self.dirs[path] = Entry(old.name, True, 0, 0, old.mtime_ns, old.uid, old.gid)
 
     async def watch_permissions(self, changed: Callable[[], None]) -> None:
         """Forever, every RECHECK seconds: whether a directory's owner, group or bits changed

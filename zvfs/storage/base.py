@@ -11,7 +11,6 @@ import abc
 import array
 import contextvars
 import hashlib
-import math
 import struct
 import threading
 from collections import OrderedDict
@@ -29,7 +28,7 @@ class Entry:
     is_dir: bool
     size: int | None  # None when the listing does not say (HTTP index pages)
     mode: int | None = None  # read and search bits a reader has (local: see LocalStore), else None
-    mtime: float | None = None  # seconds since the epoch where the listing says, else None
+    mtime_ns: int | None = None  # nanoseconds since the epoch where the listing says, else None
     uid: int | None = None  # owner and group where the store has them (local), else None
     gid: int | None = None
     token: bytes | None = None  # `version_token` of a file where the listing knows its version (local)
@@ -47,7 +46,7 @@ class Version:
 
     size: int
     tag: tuple
-    mtime: float | None = field(default=None, compare=False)  # seconds since the epoch, None if unknown
+    mtime_ns: int | None = field(default=None, compare=False)  # nanoseconds since the epoch, None if unknown
     mode: int | None = field(default=None, compare=False)  # read bits a reader has (local files), None if unknown
     uid: int | None = field(default=None, compare=False)
     gid: int | None = field(default=None, compare=False)
@@ -81,12 +80,19 @@ class SeenVersions(OrderedDict[str, Version]):
             self.popitem(last=False)
 
 
+#: an unknown mtime in the columns of `Entries` (and `Listing`): mtimes are kept as integer
+#: nanoseconds, as the store shows them (a float of seconds since 1970 is ~240 ns coarse, so a
+#: file's `st_mtime_ns` through the mount differed from the store's: `make`, `cp -u`, `find
+#: -newer` compare nanoseconds)
+UNKNOWN_NS = -(1 << 63)
+
+
 class Entries:
     """A directory's entries as columns: what a local listing gives (200,000 `Entry` objects
     took 63 MiB, and their memory stays fragmented after they go; these columns 19 MiB).
     Iterating gives `Entry` objects, one at a time."""
 
-    __slots__ = ("names", "is_dir", "sizes", "modes", "mtimes", "uids", "gids", "tokens")
+    __slots__ = ("names", "is_dir", "sizes", "modes", "mtimes_ns", "uids", "gids", "tokens")
     TOKEN = 40  # bytes of a local file's `version_token`; all zero: unknown
 
     def __init__(self) -> None:
@@ -94,18 +100,18 @@ class Entries:
         self.is_dir = array.array("b")
         self.sizes = array.array("q")  # -1: unknown
         self.modes = array.array("q")  # -1: unknown
-        self.mtimes = array.array("d")  # NaN: unknown
+        self.mtimes_ns = array.array("q")  # UNKNOWN_NS: unknown
         self.uids = array.array("q")  # -1: unknown
         self.gids = array.array("q")
         self.tokens = bytearray()
 
-    def add(self, name: str, is_dir: bool, size: int | None, mode: int | None = None, mtime: float | None = None,
+    def add(self, name: str, is_dir: bool, size: int | None, mode: int | None = None, mtime_ns: int | None = None,
             uid: int | None = None, gid: int | None = None, token: bytes | None = None) -> None:
         self.names.append(name)
         self.is_dir.append(is_dir)
         self.sizes.append(-1 if size is None else size)
         self.modes.append(-1 if mode is None else mode)
-        self.mtimes.append(math.nan if mtime is None else mtime)
+        self.mtimes_ns.append(UNKNOWN_NS if mtime_ns is None else mtime_ns)
         self.uids.append(-1 if uid is None else uid)
         self.gids.append(-1 if gid is None else gid)
         self.tokens += token if token is not None and len(token) == self.TOKEN else bytes(self.TOKEN)
@@ -115,10 +121,10 @@ class Entries:
 
     def __iter__(self):
         for i, name in enumerate(self.names):
-            size, mode, mtime, uid, gid = self.sizes[i], self.modes[i], self.mtimes[i], self.uids[i], self.gids[i]
+            size, mode, mtime_ns, uid, gid = self.sizes[i], self.modes[i], self.mtimes_ns[i], self.uids[i], self.gids[i]
             token = bytes(self.tokens[i * self.TOKEN:(i + 1) * self.TOKEN])
             yield Entry(name, bool(self.is_dir[i]), None if size < 0 else size, None if mode < 0 else mode,
-                        None if mtime != mtime else mtime, None if uid < 0 else uid, None if gid < 0 else gid,
+                        None if mtime_ns == UNKNOWN_NS else mtime_ns, None if uid < 0 else uid, None if gid < 0 else gid,
                         token if any(token) else None)
 
 

@@ -177,7 +177,7 @@ def cacheable(version: Version | None, fetched: float, settle: bool) -> bool:
     pairs = [version.tag] if isinstance(version.tag[0], str) else version.tag
     if not any(kind in STRONG_TAGS for kind, _ in pairs):
         return False
-    return not settle or version.mtime is None or fetched - version.mtime >= SETTLE
+    return not settle or version.mtime_ns is None or fetched - version.mtime_ns / 1e9 >= SETTLE
 
 
 def secure(directory: str) -> str:

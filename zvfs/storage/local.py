@@ -221,7 +221,7 @@ def _settled(st: os.stat_result) -> bool:
 def version_of(st: os.stat_result, reach_bits: int = 0o777, settled: bool = False, own: int | None = None) -> Version:
     """`own`: the file's bits narrowed by its ACL (default: its mode bits)."""
     size, tag = _state(st)
-    return Version(size, tag, st.st_mtime, (stat.S_IMODE(st.st_mode) if own is None else own) & reach_bits,
+    return Version(size, tag, st.st_mtime_ns, (stat.S_IMODE(st.st_mode) if own is None else own) & reach_bits,
                    st.st_uid, st.st_gid, settled or _settled(st))
 
 
@@ -1191,7 +1191,7 @@ class LocalStore(Store):
         if not same or not _holds(o, st, v):
             return None
         settled = _settled(st) or o.fine and _matches(st, v)  # (behind the barrier)
-        return Version(v.size, v.tag, v.mtime, v.mode, v.uid, v.gid, True) if settled else v
+        return Version(v.size, v.tag, v.mtime_ns, v.mode, v.uid, v.gid, True) if settled else v
 
     # -- what a key is now ---------------------------------------------------------------
 
@@ -1223,7 +1223,7 @@ class LocalStore(Store):
         if not key:
             mode, uid, gid = self.root_mode()
             st = os.fstat(self._root_fd)  # (the directory mounted, wherever it is now)
-            return Entry("", True, 0, mode, st.st_mtime, uid, gid)
+            return Entry("", True, 0, mode, st.st_mtime_ns, uid, gid)
         walked = await self._walk(key)  # (afresh: the views' directories, when a store is opened)
         st = walked.st
         if st is None or stat.S_ISDIR(st.st_mode):
@@ -1233,7 +1233,7 @@ class LocalStore(Store):
         bits = reach(self._above + tuple(self._fact(g, walked.facts) for g in walked.gates), st.st_uid, st.st_gid)
         is_dir = stat.S_ISDIR(st.st_mode)
         return Entry(key.rpartition("/")[2], is_dir, 0 if is_dir else st.st_size, walked.own & bits,
-                     st.st_mtime, st.st_uid, st.st_gid,
+                     st.st_mtime_ns, st.st_uid, st.st_gid,
                      None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
 
     # -- listings ------------------------------------------------------------------------
@@ -1373,7 +1373,7 @@ class LocalStore(Store):
                         if is_dir and inner is not None and len(walked.prefixes) < CHILD_WALKS_KEPT:
                             walked.prefixes.append((f"{prefix}/{de.name}" if prefix else de.name, full, inner))
                             walked.facts[full] = (st.st_uid, st.st_gid, own)
-                    out.add(de.name, is_dir, 0 if is_dir else st.st_size, own & bits, st.st_mtime,
+                    out.add(de.name, is_dir, 0 if is_dir else st.st_size, own & bits, st.st_mtime_ns,
                             st.st_uid, st.st_gid, None if is_dir else _pack(st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
             return out, walked
         except (FileNotFoundError, NotADirectoryError):

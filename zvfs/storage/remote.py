@@ -195,21 +195,21 @@ def slice_answer(url: str, partial: bool, content_range: str | None, body: bytes
 def http_version(headers, size: int) -> Version:
     """The version an HTTP answer describes: its ETag, else its Last-Modified."""
     etag, modified = headers.get("ETag"), headers.get("Last-Modified")
-    mtime = None
+    mtime_ns = None
     if modified:
         try:
-            mtime = email.utils.parsedate_to_datetime(modified).timestamp()
+            mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
         except (TypeError, ValueError):
             pass
     tag = ("etag", etag) if etag else (("last-modified", modified) if modified else ())
-    return Version(size, tag, mtime)
+    return Version(size, tag, mtime_ns)
 
 
 def gcs_version(headers, size: int) -> Version:
     """The version a GCS answer describes: the object's generation (else as for HTTP)."""
     version = http_version(headers, size)
     generation = headers.get("x-goog-generation")
-    return Version(size, ("generation", generation), version.mtime) if generation else version
+    return Version(size, ("generation", generation), version.mtime_ns) if generation else version
 
 
 def strong_etag(version: Version | None) -> str | None:

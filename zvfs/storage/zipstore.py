@@ -104,7 +104,7 @@ class Directory:
 
     def version_of(self, i: int) -> Version:
         z = self.version
-        return Version(self.usize[i], ("zip", z.size, z.tag, self.lho[i]), z.mtime, z.mode, z.uid, z.gid, z.settled)
+        return Version(self.usize[i], ("zip", z.size, z.tag, self.lho[i]), z.mtime_ns, z.mode, z.uid, z.gid, z.settled)
 
     def modes(self) -> tuple[int | None, int | None]:
         """The bits files and directories show: the archive's read bits (a local file's, as a
@@ -127,7 +127,7 @@ class Directory:
             if child and child not in seen:
                 seen.add(child)
                 out.add(child, bool(slash), None if slash else self.usize[i], dir_mode if slash else file_mode,
-                        z.mtime, z.uid, z.gid)
+                        z.mtime_ns, z.uid, z.gid)
             i = bisect.bisect_left(names, f"{p}{child}0", i + 1) if slash else i + 1  # ("0" follows "/")
         return out
 

@@ -34,7 +34,7 @@ import trio
 from ..errors import Gone, ShardChanged, Stale, StorageError
 from ..formats.chunkref import ChunkRef
 from ..formats.codecs import decode_step
-from ..storage.base import MAX_NAME, Entries, Entry, Store, Version, usable_name
+from ..storage.base import MAX_NAME, UNKNOWN_NS, Entries, Entry, Store, Version, usable_name
 from ..storage.cache import LISTING_MAX_AGE, CoalescingCache
 from .handles import BytesHandle, Handle, PassHandle, RangeHandle, pinned_at, read_ref
 
@@ -72,7 +72,7 @@ class Stamp(NamedTuple):
     and group; None for any of them means the mount's defaults."""
 
     mode: int | None = None
-    mtime: float | None = None
+    mtime_ns: int | None = None
     uid: int | None = None
     gid: int | None = None
 
@@ -81,7 +81,7 @@ NO_STAMP = Stamp()
 
 
 def stamp_of(what: Version | Entry | None) -> Stamp:
-    return NO_STAMP if what is None else Stamp(what.mode, what.mtime, what.uid, what.gid)
+    return NO_STAMP if what is None else Stamp(what.mode, what.mtime_ns, what.uid, what.gid)
 
 
 class Node:
@@ -412,7 +412,7 @@ class PassFile(File):
         handle = PassHandle(pin)
         v = pin.version
         if v is not None:  # what the next stat shows
-            self.entry = Entry(self.key.rpartition("/")[2], False, v.size, v.mode, v.mtime, v.uid, v.gid, handle.token)  # type: ignore[arg-type]
+            self.entry = Entry(self.key.rpartition("/")[2], False, v.size, v.mode, v.mtime_ns, v.uid, v.gid, handle.token)  # type: ignore[arg-type]
         return handle
 
     async def size(self) -> int:
@@ -615,7 +615,7 @@ class Listing:
     is_dir: np.ndarray  # bool
     sizes: np.ndarray  # int64, -1: unknown
     modes: np.ndarray  # int32, -1: unknown
-    mtimes: np.ndarray  # float64, NaN: unknown
+    mtimes_ns: np.ndarray  # int64, UNKNOWN_NS: unknown
     owners: np.ndarray  # int64 (n, 2): uid, gid; -1: unknown
     tokens: np.ndarray  # void (n, TOKEN): a file's version token (base.version_token), zeros: unknown
     digest: bytes
@@ -629,7 +629,7 @@ class Listing:
         if not isinstance(entries, Entries):
             columns = Entries()
             for e in entries:
-                columns.add(e.name, e.is_dir, e.size, e.mode, e.mtime, e.uid, e.gid, e.token if isinstance(e.token, bytes) else None)
+                columns.add(e.name, e.is_dir, e.size, e.mode, e.mtime_ns, e.uid, e.gid, e.token if isinstance(e.token, bytes) else None)
             entries = columns
         # sorted by code point, as Python sorts str (numpy: no Python int per entry, whose memory
         # stays fragmented after a listing of 10^5 files). As objects: a str array is as wide
@@ -645,7 +645,7 @@ class Listing:
         return cls(names, is_dir,
                    np.frombuffer(entries.sizes, dtype=np.int64)[order],
                    np.frombuffer(entries.modes, dtype=np.int64)[order].astype(np.int32),
-                   np.frombuffer(entries.mtimes, dtype=np.float64)[order],
+                   np.frombuffer(entries.mtimes_ns, dtype=np.int64)[order],
                    np.stack([np.frombuffer(entries.uids, dtype=np.int64), np.frombuffer(entries.gids, dtype=np.int64)], axis=1)[order],
                    np.frombuffer(bytes(entries.tokens), dtype=f"V{cls.TOKEN}")[order],
                    digest.digest())
@@ -659,7 +659,7 @@ class Listing:
         """Whether `other` holds the same entries with the same attributes."""
         return self.digest == other.digest and all(
             np.array_equal(a, b) for a, b in ((self.sizes, other.sizes), (self.modes, other.modes), (self.owners, other.owners),
-                                              (self.tokens, other.tokens))) and np.array_equal(self.mtimes, other.mtimes, equal_nan=True)
+                                              (self.tokens, other.tokens), (self.mtimes_ns, other.mtimes_ns)))
 
     @property
     def nbytes(self) -> int:
@@ -685,15 +685,15 @@ class Listing:
         return None if not any(token) else token
 
     def stamp(self, i: int) -> Stamp:
-        mode, mtime = int(self.modes[i]), float(self.mtimes[i])
+        mode, mtime_ns = int(self.modes[i]), int(self.mtimes_ns[i])
         uid, gid = self.owners[i].tolist()
-        return Stamp(None if mode < 0 else mode, None if math.isnan(mtime) else mtime, None if uid < 0 else uid,
+        return Stamp(None if mode < 0 else mode, None if mtime_ns == UNKNOWN_NS else mtime_ns, None if uid < 0 else uid,
                      None if gid < 0 else gid)
 
     def entry(self, i: int) -> Entry:
         size = int(self.sizes[i])
         stamp = self.stamp(i)
-        return Entry(self.names[i], bool(self.is_dir[i]), None if size < 0 else size, stamp.mode, stamp.mtime,
+        return Entry(self.names[i], bool(self.is_dir[i]), None if size < 0 else size, stamp.mode, stamp.mtime_ns,
                      stamp.uid, stamp.gid, self.token(i))
 
 

@@ -108,7 +108,7 @@ class ChunkBits:
         if kept is not None and kept[0] == self.store.generation:  # type: ignore[union-attr]
             return kept[1]
         found = self._fold(key, base)
-        return found if found is not None else Stamp(0, base.mtime, base.uid, base.gid)
+        return found if found is not None else Stamp(0, base.mtime_ns, base.uid, base.gid)
 
     async def learn(self, path: tuple[int, ...]) -> None:
         """Make the span of the directory at `path` known (walks of its store directories not
@@ -154,7 +154,7 @@ class ChunkBits:
                 self._absent[key] = frozenset()
                 log.warning("%s: a chunk directory stands for the row directories of more than %d store directories; "
                             "shown closed", self.where or "/", SPAN_MAX)
-            found = Stamp(0, base.mtime, base.uid, base.gid)
+            found = Stamp(0, base.mtime_ns, base.uid, base.gid)
         else:
             members, names = span
             absent = self._absent.get(key, frozenset())
@@ -174,7 +174,7 @@ class ChunkBits:
             else:
                 owners = {(u, g) for u, g, _ in facts}
                 uid, gid = owners.pop() if len(owners) == 1 else (facts[0][0], facts[0][1]) if base.uid is None else (base.uid, base.gid)
-                found = Stamp(fold(facts, uid, gid), base.mtime, uid, gid)  # type: ignore[arg-type]
+                found = Stamp(fold(facts, uid, gid), base.mtime_ns, uid, gid)  # type: ignore[arg-type]
         if len(self._kept) >= KEPT:
             self._kept.clear()
         self._kept[key] = (store.generation, found)
