@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import datetime
 import email.utils
 import itertools
 import logging
@@ -192,13 +193,24 @@ def slice_answer(url: str, partial: bool, content_range: str | None, body: bytes
     return body, size
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def datetime_ns(when: datetime.datetime) -> int:
+    """Nanoseconds since the epoch, exactly (to the microsecond a datetime holds); a naive
+    datetime is taken as UTC (HTTP dates and S3's LastModified are)."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return (when - _EPOCH) // datetime.timedelta(microseconds=1) * 1000
+
+
 def http_version(headers, size: int) -> Version:
     """The version an HTTP answer describes: its ETag, else its Last-Modified."""
     etag, modified = headers.get("ETag"), headers.get("Last-Modified")
     mtime_ns = None
     if modified:
         try:
-            mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
+            mtime_ns = datetime_ns(email.utils.parsedate_to_datetime(modified))
         except (TypeError, ValueError):
             pass
     tag = ("etag", etag) if etag else (("last-modified", modified) if modified else ())
@@ -749,7 +761,7 @@ def s3_version(resp: dict, size: int) -> Version:
     modified = resp.get("LastModified")
     etag = resp.get("ETag")
     tag = ("etag", etag) if etag else (("last-modified", str(modified)) if modified else ())
-    return Version(size, tag, modified.timestamp() if modified is not None else None)
+    return Version(size, tag, datetime_ns(modified) if modified is not None else None)
 
 
 #: fields of fsspec `info` dicts that change when an object is rewritten (gcs, memory, ...)
