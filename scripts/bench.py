@@ -651,19 +651,28 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def http_server(root: Path):
-    """`python -m http.server` over `root`: what users run today."""
+def python_server(args):
+    """A Python HTTP server on a free loopback port (`args(port)`: its arguments); its URL."""
     from servers import _wait_port, free_port
 
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([PY, *args(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def http_server(root: Path):
+    """`python -m http.server` over `root`: what users run today."""
+    return python_server(lambda port: ["-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)])
+
+
+def hypercorn_floor(root: Path):
+    """scripts/floorhttp.py over `root`: the smallest app on the server zvfs serve runs on."""
+    return python_server(lambda port: [str(REPO / "scripts" / "floorhttp.py"), str(root), str(port)])
 
 
 @contextmanager
@@ -687,13 +696,15 @@ def zvfs_serving(src: Path, log_path: Path, *args: str):
 
 
 #: the servers of the serve section, in the order they are run (and shown)
-SERVERS = ["zvfs serve", "zvfs serve --no-access-log", "nginx over copy", "http.server over copy", "nginx over zvfs mount"]
+SERVERS = ["zvfs serve", "zvfs serve --no-access-log", "hypercorn floor over copy", "nginx over copy", "http.server over copy",
+           "nginx over zvfs mount"]
 
 
 def bench_serve(work: Path, runs: int, quick: bool) -> list[dict]:
-    """`zvfs serve` against nginx over the unsharded copy, `python -m http.server` over the copy
-    and nginx over a zvfs mount: requests per second of wrk walking every chunk file, one and
-    16 connections (quick: 16); all five servers up at once, the runs alternated between them.
+    """`zvfs serve` against nginx over the unsharded copy, `python -m http.server` over the copy,
+    nginx over a zvfs mount, and the floor of its server (scripts/floorhttp.py: the smallest app
+    on hypercorn's trio worker, over the copy): requests per second of wrk walking every chunk
+    file, one and 16 connections (quick: 16); all six servers up at once, the runs alternated.
     MB/s is requests/s times the chunk file's size; CPU is the zvfs process's (serve, or the
     mount's daemon under nginx: nginx's own is not counted) per request."""
     if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True, check=False).returncode:
@@ -715,6 +726,7 @@ def bench_serve(work: Path, runs: int, quick: bool) -> list[dict]:
             urls, pids = {}, {}
             urls["nginx over copy"] = stack.enter_context(nginx_over(copy, work / f"nginx-serve-{tag}"))
             urls["http.server over copy"] = stack.enter_context(http_server(copy))
+            urls["hypercorn floor over copy"] = stack.enter_context(hypercorn_floor(copy))
             mnt, pids["nginx over zvfs mount"], _ = stack.enter_context(mounted(src))
             urls["nginx over zvfs mount"] = stack.enter_context(nginx_over(mnt, work / f"nginx-serve-mount-{tag}"))
             for what, extra in (("zvfs serve", ()), ("zvfs serve --no-access-log", ("--no-access-log",))):
@@ -853,8 +865,9 @@ SECTIONS = {
     "views": ("Views: reading every block/chunk file of a 1024-chunk array (quick: 256), blocks per second",
               ["array", "view", "blocks", "blocks/s", "vs zarr view"], bench_views, fmt_views),
     "precomputed": (precomputed_bench.TITLE, precomputed_bench.HEADER, bench_precomputed, lambda r, rows: r["row"]),
-    "serve": (("zvfs serve: wrk walking every chunk file (keep-alive, -t1 -cN) against nginx and python -m "
-               "http.server over the unsharded copy and nginx over a zvfs mount, all up at once, alternated; "
+    "serve": (("zvfs serve: wrk walking every chunk file (keep-alive, -t1 -cN) against nginx, python -m "
+               "http.server and the smallest app on hypercorn's trio worker (the floor of serve's server: "
+               "scripts/floorhttp.py) over the unsharded copy and nginx over a zvfs mount, all up at once, alternated; "
                "requests/s, MB/s (of chunk bytes), zvfs serve's requests/s over this server's, CPU of the zvfs "
                "process per request"),
               ["chunks", "clients", "server", "req/s", "MB/s", "zvfs serve ÷ this", "zvfs CPU µs/req"],
