@@ -414,6 +414,57 @@ async def test_a_listing_that_goes_on_past_the_patience_is_waited_for(tmp_path, 
         await store.aclose()
 
 
+async def test_a_listing_queued_behind_moving_ones_is_waited_for(tmp_path, monkeypatch):
+    """A listing waiting for a thread of its mount shows progress while the queue moves (the
+    listings ahead of it show theirs, or finish), so its waiters do not give up at the
+    patience: twelve listings of 100,000 names at once were EIO for the four queued behind the
+    eight threads. A queue held by a hung call does not move: its waiters still give up."""
+    import threading
+    import time
+
+    from zvfs.storage import local
+
+    monkeypatch.setattr(local, "THREADS_PER_MOUNT", 1)  # (one thread: the second listing queues)
+    monkeypatch.setattr(local, "LISTED_ENTRY", 1300)  # (a step every 200 entries)
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+        for i in range(1200):
+            (tmp_path / d / f"f{i:04d}").write_bytes(b"")
+    store = LocalStore(str(tmp_path))
+    real_take = store.listing_budget.take
+
+    def slow_take(*args):  # (each step 0.2 s: a listing takes 1.2 s, past the patience of 0.5)
+        time.sleep(0.2)
+        return real_take(*args)
+
+    monkeypatch.setattr(store.listing_budget, "take", slow_take)
+    cache = CoalescingCache(1 << 20, name=str(tmp_path), patience=0.5)
+    try:
+        got = {}
+
+        async def list_one(d: str) -> None:
+            got[d] = await cache.get(("listing", 1, d), lambda: store.list(d), keep=False)
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for d in ("a", "b", "c"):
+                nursery.start_soon(list_one, d)
+        assert {d: len(e) for d, e in got.items()} == {"a": 1200, "b": 1200, "c": 1200}
+        assert trio.current_time() - start > 3  # (one after the other)
+
+        hung = threading.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store._in_thread, store._lexical_mount(""), hung.wait, 3)
+            await trio.sleep(0.05)
+            start = trio.current_time()
+            with pytest.raises(StorageError, match="no answer within 0.5 s"):
+                await cache.get(("listing", 2, "a"), lambda: store.list("a"), keep=False)
+            assert trio.current_time() - start < 1.5
+            hung.set()
+    finally:
+        await store.aclose()
+
+
 async def test_a_listing_larger_than_the_cache_is_not_evicted_by_small_ones():
     """A listing larger than the whole listings cache is kept beside the small ones, which are
     evicted around it; another oversized one replaces it. (Kept alone, the next small listing

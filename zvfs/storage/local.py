@@ -125,6 +125,8 @@ log = logging.getLogger("zvfs.storage.local")
 #: Worker threads per mount point: enough for parallel uncached disk reads, few enough that a
 #: hung mount cannot pile up threads without bound.
 THREADS_PER_MOUNT = 8
+#: seconds between looks at a mount's thread queue by a load queued on it (`_queued`)
+QUEUE_POLL = 0.1
 #: read_version retries when the file changes under the read before giving up (EIO).
 STABLE_READ_ATTEMPTS = 3
 #: How old a file's last change (mtime or ctime) must be, when a version of it is looked at,
@@ -422,6 +424,8 @@ class LocalStore(Store):
         self.bytes = 0
         self._mounts = MountTable()
         self._limiters: dict[str, trio.CapacityLimiter] = {}
+        #: mount -> when a call in its threads last showed progress (`PROGRESS`) or returned
+        self._moved: dict[str, float] = {}
         self._warned: set[str] = set()
         self._cached_opens = True  # openat2(RESOLVE_CACHED) works on this kernel
         self._scratch = memoryview(bytearray(1 << 20))  # RWF_NOWAIT target of reads up to 1 MiB
@@ -449,8 +453,36 @@ class LocalStore(Store):
         limiter = self._limiters.get(mount)
         if limiter is None:
             limiter = self._limiters[mount] = trio.CapacityLimiter(THREADS_PER_MOUNT)
-        # abandon_on_cancel: a call stuck on a hung mount must not keep the daemon from exiting
-        return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
+        going_on, progress, moved = PROGRESS.get(), None, self._moved
+        if going_on is not None:
+            if not limiter.available_tokens:
+                await self._queued(mount, limiter, going_on)
+
+            def shown() -> None:  # (the load's progress, which the loads queued on the mount share)
+                going_on()
+                moved[mount] = time.monotonic()
+
+            progress = PROGRESS.set(shown)
+        try:
+            # abandon_on_cancel: a call stuck on a hung mount must not keep the daemon from exiting
+            return await trio.to_thread.run_sync(fn, *args, limiter=limiter, abandon_on_cancel=True)
+        finally:
+            if progress is not None:
+                PROGRESS.reset(progress)
+            moved[mount] = time.monotonic()
+
+    async def _queued(self, mount: str, limiter: trio.CapacityLimiter, going_on) -> None:
+        """Wait for a thread of `mount` for a load that shows its progress (`PROGRESS`): the
+        calls ahead of it that show theirs, or return, are its progress; a queue that does not
+        move (every thread held on a hung mount) is not, so its waiters still give up after the
+        patience. (Twelve listings of 100,000 names at once: the four queued behind the eight
+        threads showed nothing and were EIO at the 5 s patience.)"""
+        seen = self._moved.get(mount)
+        while not limiter.available_tokens:
+            await trio.sleep(QUEUE_POLL)
+            if self._moved.get(mount) != seen:
+                seen = self._moved.get(mount)
+                going_on()
 
     def _real_path(self, key: str) -> str:
         """The path of `key` below the real root, as it reads (symlinks not resolved)."""
