@@ -206,10 +206,12 @@ def test_times_and_modes_come_from_the_store(tmp_path):
     shard_ns, meta_ns = 1_600_000_000_123_456_789, 1_500_000_000_987_654_321
     os.utime(shard, ns=(shard_ns, shard_ns))
     os.utime(meta, ns=(meta_ns, meta_ns))
-    (src / "notes").mkdir()
-    (src / "notes" / "README.txt").write_text("x")
-    os.utime(src / "notes" / "README.txt", ns=(1, 1_400_000_000_000_000_777))
-    os.utime(src / "notes", ns=(1, 1_300_000_000_000_000_333))
+    group = base / "group.zarr"  # (files and directories shown as stored: beside a group's arrays)
+    zarr.open_group(group, mode="w")
+    (group / "notes").mkdir()
+    (group / "notes" / "README.txt").write_text("x")
+    os.utime(group / "notes" / "README.txt", ns=(1, 1_400_000_000_000_000_777))
+    os.utime(group / "notes", ns=(1, 1_300_000_000_000_000_333))
     shard.chmod(0o640)
     src.chmod(0o750)
     for _ in range(2):  # the same after a remount
@@ -219,7 +221,9 @@ def test_times_and_modes_come_from_the_store(tmp_path):
                 assert st.st_mtime_ns == shard_ns
                 assert st.st_mode & 0o777 == 0o440
             assert (mnt / "zarr.json").stat().st_mtime_ns == meta_ns
+            assert (mnt / "c").stat().st_mode & 0o777 == 0o550
+        with zvfs_mount(group, tmp_path / "mnt") as mnt:
             assert (mnt / "notes" / "README.txt").stat().st_mtime_ns == 1_400_000_000_000_000_777
             assert (mnt / "notes").stat().st_mtime_ns == 1_300_000_000_000_000_333
-            assert (mnt / "c").stat().st_mode & 0o777 == 0o550
+            assert (mnt / "zarr.json").stat().st_mtime_ns == (group / "zarr.json").stat().st_mtime_ns
     shutil.rmtree(base)
