@@ -696,15 +696,16 @@ def zvfs_serving(src: Path, log_path: Path, *args: str):
 
 
 #: the servers of the serve section, in the order they are run (and shown)
-SERVERS = ["zvfs serve", "zvfs serve --no-access-log", "hypercorn floor over copy", "nginx over copy", "http.server over copy",
-           "nginx over zvfs mount"]
+SERVERS = ["zvfs serve", "zvfs serve --no-access-log", "zvfs serve --workers CORES", "hypercorn floor over copy",
+           "nginx over copy", "http.server over copy", "nginx over zvfs mount"]
 
 
 def bench_serve(work: Path, runs: int, quick: bool) -> list[dict]:
     """`zvfs serve` against nginx over the unsharded copy, `python -m http.server` over the copy,
     nginx over a zvfs mount, and the floor of its server (scripts/floorhttp.py: the smallest app
     on hypercorn's trio worker, over the copy): requests per second of wrk walking every chunk
-    file, one and 16 connections (quick: 16); all six servers up at once, the runs alternated.
+    file, one and 16 connections (quick: 16); all seven servers up at once (zvfs serve also with
+    `--workers` = the machine's cores, its access log off), the runs alternated.
     MB/s is requests/s times the chunk file's size; CPU is the zvfs process's (serve, or the
     mount's daemon under nginx: nginx's own is not counted) per request."""
     if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True, check=False).returncode:
@@ -729,9 +730,12 @@ def bench_serve(work: Path, runs: int, quick: bool) -> list[dict]:
             urls["hypercorn floor over copy"] = stack.enter_context(hypercorn_floor(copy))
             mnt, pids["nginx over zvfs mount"], _ = stack.enter_context(mounted(src))
             urls["nginx over zvfs mount"] = stack.enter_context(nginx_over(mnt, work / f"nginx-serve-mount-{tag}"))
-            for what, extra in (("zvfs serve", ()), ("zvfs serve --no-access-log", ("--no-access-log",))):
+            for what, extra in (("zvfs serve", ()), ("zvfs serve --no-access-log", ("--no-access-log",)),
+                                ("zvfs serve --workers CORES", ("--no-access-log", "--workers", str(os.cpu_count())))):
                 server = stack.enter_context(zvfs_serving(src, work / f"serve-{tag}-{len(extra)}.log", *extra))
-                urls[what], pids[what] = server.url, server.proc.pid
+                urls[what] = server.url
+                if "--workers" not in extra:  # (the workers' CPU is not the parent's)
+                    pids[what] = server.proc.pid
             for what in SERVERS:
                 log(f"serve {name}: warming {what}")
                 walk_once(urls[what], paths, copy)

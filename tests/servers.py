@@ -457,17 +457,18 @@ class ZvfsServe:
     """`zvfs serve SOURCE --listen 127.0.0.1:0 ...` as a user runs it; `url` from the line it
     prints once it listens; `stop()` sends SIGTERM and returns the exit status."""
 
-    def __init__(self, source, *args: str, log: Path | None = None):
+    def __init__(self, source, *args: str, log: Path | None = None, own_group: bool = False):
         import sys
 
         self.cmd = [sys.executable, "-m", "zvfs", "serve", str(source), "--listen", "127.0.0.1:0", *args]
         self.log = log
+        self.own_group = own_group  # (a process group of its own, as a supervisor gives it)
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
     def start(self, timeout: float = 60) -> "ZvfsServe":
         err = open(self.log, "wb") if self.log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=err)
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=self.own_group)
         line = b""
         deadline = time.monotonic() + timeout
         import select

@@ -327,6 +327,27 @@ def test_no_request_writes_a_line_break_or_nul_into_the_access_log(served):
     assert line.endswith('"ua \\x22quoted\\x22 \\x5C"'), line
 
 
+def test_one_access_log_line_per_request_with_its_status(served):
+    """Clients that close their connection right after the last byte of the response (curl, a
+    one-request script) get one line each, with its status and length: hypercorn reported such a
+    response as unended too, and each request had a `- -` line before its own. A client that
+    leaves before its response ends still gets its `- -` line."""
+    server, root, _ = served
+    for k in range(20):
+        status, headers, body = _get(server, "/img/zarr.json", {"User-Agent": f"one-line-{k}"})
+        assert status == 200
+    gone = socket.create_connection(("127.0.0.1", server.port))
+    gone.sendall(b"GET /img/c/0/0 HTTP/1.1\r\nHost: x\r\nUser-Agent: left-early\r\n\r\n")
+    gone.close()
+    time.sleep(2.5)  # (lines are written once a second)
+    lines = Path(server.log).read_text().splitlines()
+    for k in range(20):
+        mine = [x for x in lines if f'"one-line-{k}"' in x]
+        assert len(mine) == 1 and f'" 200 {headers["content-length"]} "' in mine[0], mine
+    left = [x for x in lines if '"left-early"' in x]
+    assert len(left) == 1, left
+
+
 def test_access_log_is_written_within_a_second(served):
     server, _, data = served
     _get(server, "/img/c/0/3", {"User-Agent": "access-test/1", "Referer": "https://r.example/"})
@@ -471,6 +492,46 @@ def test_slow_clients_do_not_hold_up_others(public_tmp):
         assert sorted(times)[len(times) // 2] < 0.5, times
         for s in stuck:
             s.close()
+
+
+def test_clients_that_never_read_a_listing_do_not_hold_up_other_listings(public_tmp):
+    """Listings are made two at a time; clients that ask for a large listing and never read it
+    held both slots, and every other listing was 503 for as long as they stayed connected (an
+    outside attacker, 10-60 s). A client that takes nothing within the patience has its
+    connection shut: other listings are answered, in every round, and the stalled clients find
+    their connection closed. (40,000 names: more JSON than a socket's send and receive buffers
+    hold, 4 MiB at most here; a listing that fits in them is sent whole and frees its slot.)"""
+    root = public_tmp / "store.zarr"
+    _write(root)
+    for name, count in (("many", 40_000), ("small", 20)):
+        (root / name).mkdir()
+        for i in range(count):
+            (root / name / f"file-with-a-longish-name-{i:06d}").touch()
+    with ZvfsServe(root, "--no-access-log", log=public_tmp / "serve.log") as server:
+        stalled = []
+        for k in range(4):
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /many/?format=json HTTP/1.1\r\nHost: x\r\n\r\n")
+            stalled.append(s)
+        time.sleep(1)
+        for _ in range(3):
+            t = time.monotonic()
+            status, _, body = _get(server, "/small/?format=json")
+            assert status == 200 and len(json.loads(body)["entries"]) == 20
+            assert time.monotonic() - t < 9
+            status, _, _ = _get(server, "/img/c/0/0")
+            assert status == 200
+        for s in stalled:  # (shut: what is left in the socket, then the end)
+            s.settimeout(10)
+            got = 0
+            while part := s.recv(1 << 20):
+                got += len(part)
+            assert 0 < got < 40_000 * 100
+            s.close()
+        status, _, body = _get(server, "/many/?format=json")
+        assert status == 200 and len(json.loads(body)["entries"]) == 40_000
+        assert "its connection was shut" in (public_tmp / "serve.log").read_text()
 
 
 def test_listings_waiting_their_turn_are_answered_within_the_patience(public_tmp):

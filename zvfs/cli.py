@@ -264,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-age", metavar="SECONDS", type=int, default=0,
                     help="seconds HTTP caches may keep a file without asking again (default 0: they revalidate, "
                          "answered 304 while unchanged)")
+    sv.add_argument("--workers", metavar="N", type=int, default=1,
+                    help="serve from N processes (default 1: one answers about a core's worth of requests); each "
+                         "opens the source and has its own caches, -o memory budget and counters")
     sv.add_argument("--no-access-log", dest="access_log", action="store_false", help="do not log each request")
     sv.add_argument("--drain", metavar="SECONDS", type=float, default=30.0,
                     help="on SIGTERM or SIGINT, seconds requests in flight get to finish before their connections "
@@ -384,7 +387,10 @@ def cmd_serve(args) -> int:
         raise UsageError("--max-age: must be 0 or more")
     if not 0 <= args.drain < float("inf"):
         raise UsageError("--drain: must be 0 or more seconds")
-    return run(args.source, _mount_options(args), args.listen, args.cors, args.max_age, args.access_log, args.drain)
+    if not 1 <= args.workers <= 1024:
+        raise UsageError("--workers: must be 1 to 1024")
+    return run(args.source, _mount_options(args), args.listen, args.cors, args.max_age, args.access_log, args.drain,
+               args.workers)
 
 
 def _zvfs_mount_point(path: str) -> str:

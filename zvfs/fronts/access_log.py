@@ -8,6 +8,14 @@ line: 130-190 µs of CPU a request, a quarter to nearly half of the small-file r
 (docs/benchmarks.md). Here a request costs a `LogRecord` with its line already built, and the
 records are formatted by the log's own handler (same prefix, same destination as every other
 line) and written in one write a second (`flush`), or at `BATCH` lines, and at exit.
+
+A request whose connection closed before its response ended gets its line with `- -` for status
+and length, as hypercorn writes it. hypercorn 0.18 also reports that for a response that did end,
+when the client closes its connection right after the last byte (curl, a one-request script):
+the close is seen while the last body message is being sent, before the stream counts as done,
+and the response's own line follows. Such a line waits `UNENDED_WAIT` (until a later write)
+and is dropped if the same request's line comes meanwhile: one line per request (with curl, each
+request had two, the first saying it never ended).
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ from ..logs import Logs
 
 BATCH = 4096  # lines held at most (about 1 MB) before they are written
 FLUSH_EVERY = 1.0  # seconds a line waits at most
+#: seconds a request's line without a status waits for the same request's line with one (it
+#: follows within a send: both were a millisecond apart in every case seen)
+UNENDED_WAIT = 0.25
 #: what a client sent that is written escaped, as nginx does (`\xHH`): control characters, `"`,
 #: `\` and bytes past ASCII, so that no request can write a line break (a forged log line:
 #: an outside attacker's `%0A` in a path) or a NUL into the log
@@ -37,6 +48,9 @@ class AccessLog(Logger):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.pending: list[logging.LogRecord] = []
+        #: lines of requests whose connection closed before the response ended, by request
+        #: (the request kept with its line: its id is not reused while it is held)
+        self.unended: dict[int, tuple[dict, logging.LogRecord]] = {}
         self._second = -1
         self._stamp = ""
 
@@ -64,20 +78,35 @@ class AccessLog(Logger):
         line = (f'{host} - - {self._stamp} "{method} {path.translate(ESCAPED)} {request.get("http_version", "ws")}" '
                 f'{status} {length} "{_header(request["headers"], b"referer").translate(ESCAPED)}" '
                 f'"{_header(request["headers"], b"user-agent").translate(ESCAPED)}"')
-        self.pending.append(logger.makeRecord(logger.name, logging.INFO, "", 0, line, None, None))
-        if len(self.pending) >= BATCH:
-            self.flush()
+        record = logger.makeRecord(logger.name, logging.INFO, "", 0, line, None, None)
+        if response is None:
+            self.unended[id(request)] = (request, record)
+        else:
+            held = self.unended.get(id(request))
+            if held is not None and held[0] is request:
+                del self.unended[id(request)]
+            self.pending.append(record)
+        if len(self.pending) + len(self.unended) >= BATCH:
+            self.flush(final=False)
 
-    def flush(self) -> None:
-        """Write the lines held, in one write."""
+    def flush(self, final: bool = True) -> None:
+        """Write the lines held, in one write (but, unless `final`, those without a status
+        younger than `UNENDED_WAIT`)."""
         records, self.pending = self.pending, []
+        if self.unended:
+            young = time.time() - UNENDED_WAIT
+            final = final or len(self.unended) >= BATCH  # (a flood of them: held no longer)
+            ended = {k: v for k, v in self.unended.items() if final or v[1].created < young}
+            records += [record for _, record in ended.values()]
+            records.sort(key=lambda r: r.created)
+            self.unended = {k: v for k, v in self.unended.items() if k not in ended}
         if records:
             self.logs.write(records)
 
     async def flush_every_second(self) -> None:
         while True:
             await trio.sleep(FLUSH_EVERY)
-            self.flush()
+            self.flush(final=False)
 
 
 def _header(headers, name: bytes) -> str:

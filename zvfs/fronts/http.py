@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import email.utils
 import html
+import itertools
 import json
 import logging
+import os
+import socket
 import time
 import urllib.parse
 from contextlib import contextmanager
@@ -50,6 +53,15 @@ log = logging.getLogger("zvfs.http")
 #: faster to 16 clients, 29% to one (wrk, medians of 3 alternated runs of 3 s, 2026-11-27)
 BLOCK, LEAST_BLOCK = 1 << 20, 16 << 10
 LISTINGS_AT_ONCE = 2
+#: bytes of a listing per body message, and the seconds a client has to take each once the
+#: socket's buffers are full (up to 4 MiB here), else its connection is shut and the listing's
+#: slot freed (`watch_listings`): two clients that asked for a listing and never read it held
+#: both slots, and every other listing was 503, for as long as they stayed connected (an
+#: outside attacker). A slot must free well within the patience a listing waits for one: four
+#: such clients and a listing behind them, cut after 5 s: 503; after 1 s: answered in 2-3 s.
+#: (nginx's `send_timeout` cuts a client that takes nothing for 60 s; its listings hold no slot.)
+LISTING_MESSAGE, LISTING_STALL = 32 << 10, 1.0
+LISTING_WATCH = 0.25  # seconds between looks at the listings being sent
 SPECIAL = "/.zvfs/"  # the server's own endpoints (never a path of the tree: see `_special`)
 _CONDITIONAL_ALLOW = "Range, If-None-Match, If-Match, If-Range"
 _EXPOSE = "Content-Range, Content-Length, ETag, Last-Modified, Accept-Ranges"
@@ -110,6 +122,38 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None | bool:
     return start, size if stop is None else min(stop, size)
 
 
+def shut_connections(ports: set[int], peer: tuple | None = None) -> int:
+    """Shut down both ways the connections this process accepted (TCP sockets whose local port
+    is one of `ports`; with `peer`, only the one from that address): how many. hypercorn 0.18
+    sends in a shielded scope (trio/tcp_server.py, `protocol_send`), so a client that stops
+    reading holds its connection, and whatever waits on that send, for good; a shut-down socket
+    fails the send (EPIPE), which hypercorn takes as the client gone. (Outgoing connections to
+    a store never have a listening port as their own.)"""
+    shut = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=int(name))
+        except OSError:  # (closed meanwhile, or not a socket after all)
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getsockname()[1] in ports:
+                theirs = sock.getpeername()
+                if peer is None or tuple(theirs[:2]) == tuple(peer[:2]):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    shut += 1
+        except (OSError, IndexError, TypeError):  # (a listener: no peer; a Unix socket: no port)
+            pass
+        finally:
+            sock.detach()
+    return shut
+
+
+class _Cut(Exception):
+    """A listing's client took nothing within the patience: its connection was shut."""
+
+
 async def _until_disconnect(receive, sending: trio.CancelScope) -> None:
     """Stop sending a response whose client has gone: hypercorn drops the body messages of a
     closed connection without a word, and the rest of the file was read for nobody (400
@@ -124,8 +168,10 @@ class App:
     `cors`: origins allowed to read (`*` for any); `max_age`: seconds caches may keep a file
     without asking again (0: they ask every time, answered 304 while it is unchanged)."""
 
-    def __init__(self, paths: Paths, cors: list[str] | None = None, max_age: int = 0, sending: int = 64 << 20):
+    def __init__(self, paths: Paths, cors: list[str] | None = None, max_age: int = 0, sending: int = 64 << 20,
+                 worker: int = 0):
         self.paths = paths
+        self.worker = worker  # (`zvfs serve --workers`: which process this is; each counts its own)
         #: bytes the bodies being sent may hold together (`BLOCK`), and how many they hold
         self.sending, self._held = sending, 0
         self.cors = list(cors or [])
@@ -137,6 +183,11 @@ class App:
         #: directory of 2^24 chunks peaks at ~40 MiB; 48 at once took the server to 1.25 GiB
         #: under memory=64M (the cache's budget bounds what is kept, not what is being sent)
         self._listing_slots = trio.CapacityLimiter(LISTINGS_AT_ONCE)
+        #: listing body messages being sent: (deadline, client, server) by listing; the
+        #: listings whose connection `watch_listings` shut
+        self._listing_sends: dict[int, tuple[float, tuple | None, tuple | None]] = {}
+        self._listing_cut: set[int] = set()
+        self._listing_keys = itertools.count()
 
     # -- ASGI
 
@@ -174,7 +225,7 @@ class App:
         try:
             node = await self.paths.resolve(path)
             if node.is_dir:
-                return await self._listing(send, path, headers, query, cors, head)
+                return await self._listing(send, path, headers, query, cors, head, scope)
             if path.endswith("/"):  # (a file named as a directory: ENOTDIR on a filesystem)
                 return await self._plain(send, 404, "not a directory", cors, head=head)
             opened = await self.paths.open_node(node, path)  # type: ignore[arg-type]
@@ -299,7 +350,7 @@ class App:
 
     # -- directories
 
-    async def _listing(self, send, path: str, headers: dict, query: dict, cors: list, head: bool) -> int:
+    async def _listing(self, send, path: str, headers: dict, query: dict, cors: list, head: bool, scope: dict) -> int:
         """A listing waits for a slot at most the store's patience, then is 503 (an outside
         attacker's 40 listings of huge pages at once were answered after 8-148 s, waiting
         their turn two at a time)."""
@@ -309,13 +360,21 @@ class App:
             return await self._plain(send, 503, "too many listings under way; ask again", cors,
                                      [("cache-control", "no-store"), ("retry-after", "1")], head)
         try:
-            return await self._listing_now(send, path, headers, query, cors, head)
+            return await self._listing_now(send, path, headers, query, cors, head, scope)
+        except _Cut:
+            return 200  # (the status line was sent)
         finally:
             self._listing_slots.release()
 
-    async def _listing_now(self, send, path: str, headers: dict, query: dict, cors: list, head: bool) -> int:
+    async def _listing_now(self, send, path: str, headers: dict, query: dict, cors: list, head: bool,
+                           scope: dict) -> int:
         """The listing as JSON or HTML, streamed a page of entries at a time (`listdir_pages`:
-        one page sorted whole, more in the tree's order); one page is sent with its length."""
+        one page sorted whole, more in the tree's order); one page is sent with its length.
+        The body goes in `LISTING_MESSAGE` pieces, each of which the client must take within
+        the store's patience (`_listing_part`, `watch_listings`): a listing holds one of
+        `LISTINGS_AT_ONCE` slots until it is sent, and a client that does not read must not
+        hold it (`LISTING_STALL`)."""
+        key, client, server = next(self._listing_keys), scope.get("client"), scope.get("server")
         pages = self.paths.listdir_pages(path)
         try:
             first = await anext(pages)
@@ -335,21 +394,55 @@ class App:
                 whole = top + body + tail
                 await self._start(send, 200, [("content-type", kind), ("content-length", str(len(whole))),
                                               ("cache-control", "no-cache"), *cors])
-                await send({"type": "http.response.body", "body": b"" if head else whole})
+                if head:
+                    await send({"type": "http.response.body", "body": b""})
+                    return 200
+                await self._listing_part(send, key, client, server, whole, last=True)
                 return 200
             await self._start(send, 200, [("content-type", kind), ("cache-control", "no-cache"), *cors])
             if head:
                 await send({"type": "http.response.body", "body": b""})
                 return 200
             sep = b"\n" if as_html else b", "
-            await send({"type": "http.response.body", "body": top + body, "more_body": True})
+            await self._listing_part(send, key, client, server, top + body)
             while more is not None:
-                await send({"type": "http.response.body", "body": sep + render(shown, more), "more_body": True})
+                await self._listing_part(send, key, client, server, sep + render(shown, more))
                 more = await anext(pages, None)
-            await send({"type": "http.response.body", "body": tail})
+            await self._listing_part(send, key, client, server, tail, last=True)
             return 200
         finally:
             await pages.aclose()
+
+    async def _listing_part(self, send, key: int, client, server, data: bytes, last: bool = False) -> None:
+        """`data` sent in body messages of `LISTING_MESSAGE` bytes, each registered with its
+        deadline while it is being sent; `_Cut` if `watch_listings` shut the connection."""
+        for at in range(0, max(len(data), 1), LISTING_MESSAGE):
+            piece = data[at:at + LISTING_MESSAGE]
+            self._listing_sends[key] = (trio.current_time() + LISTING_STALL, client, server)
+            try:
+                await send({"type": "http.response.body", "body": piece,
+                            "more_body": not last or at + LISTING_MESSAGE < len(data)})
+            finally:
+                self._listing_sends.pop(key, None)
+            if key in self._listing_cut:
+                self._listing_cut.discard(key)
+                raise _Cut
+
+    async def watch_listings(self) -> None:
+        """Shut the connection of a listing whose client has not taken a body message within
+        `LISTING_STALL` s (checked every `LISTING_WATCH` s), which frees its slot."""
+        while True:
+            await trio.sleep(LISTING_WATCH)
+            now = trio.current_time()
+            for key, (deadline, client, server) in list(self._listing_sends.items()):
+                if now < deadline or client is None or server is None:
+                    continue
+                del self._listing_sends[key]
+                self._listing_cut.add(key)
+                shut_connections({server[1]}, client)
+                if first_time("listing cut"):
+                    log.warning("a listing's client took nothing for %g s: its connection was shut (logged once)",
+                                LISTING_STALL)
 
     @staticmethod
     def _json_rows(shown: str, entries: list[Stat]) -> bytes:
@@ -396,7 +489,7 @@ class App:
         c = self.counters
         return {**self.paths.source.stats(), "requests": {str(k): v for k, v in sorted(c.requests.items())},
                 "files_read": c.files_read, "bytes_served": c.bytes_served, "in_flight": c.in_flight,
-                "uptime_seconds": round(time.time() - self.started, 1)}
+                "uptime_seconds": round(time.time() - self.started, 1), "worker": self.worker, "pid": os.getpid()}
 
     # -- answers
 

@@ -16,8 +16,9 @@ class _Collector:
     def collect(self):
         stats = self.app.paths.source.stats()
         c = self.app.counters
-        info = GaugeMetricFamily("zvfs_info", "the served source", labels=["version", "source", "view"])
-        info.add_metric([stats["zvfs_version"], stats["source"], str(stats["view"])], 1)
+        info = GaugeMetricFamily("zvfs_info", "the served source (worker: which process of `--workers` answered)",
+                                 labels=["version", "source", "view", "worker"])
+        info.add_metric([stats["zvfs_version"], stats["source"], str(stats["view"]), str(self.app.worker)], 1)
         yield info
         yield CounterMetricFamily("zvfs_backend_requests", "requests made to the store", value=stats["backend_requests"])
         yield CounterMetricFamily("zvfs_backend_bytes", "bytes read from the store", value=stats["backend_bytes"])
