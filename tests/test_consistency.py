@@ -14,6 +14,7 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,38 @@ def test_an_index_entry_past_the_end_of_the_shard_is_eio_never_a_huge_file(tmp_p
         assert e.value.errno == errno.EIO
         assert "1" not in os.listdir(mnt / "c/0")
         assert (mnt / "c/0/2").read_bytes() == before["c/0/2"]  # the rest of the shard is fine
+
+
+def test_a_chunk_files_stat_sees_its_shard_rewritten_within_a_tenth_of_its_age(tmp_path):
+    """The kernel keeps a chunk file's attributes a tenth of its shard's age (1 s to 60 s), not
+    the entries' 24 h: a `stat` by path after the shard was rewritten, by rename or in place,
+    showed the old mtime until the file was opened or its directory listed (an outside
+    attacker: 18 of 18 rewrites still unseen after 8 s; `cp -u FILE` kept its old copy). Here
+    the shard is 20 s old when first seen (2 s), then a fresh one (1 s); the file's attributes
+    come from a lookup, then from a listing."""
+    src, upd, _, _ = _stores(tmp_path)
+    shard, aged = src / "c/0/0", time.time_ns() - 20 * 10**9
+    os.utime(shard, ns=(aged, aged))
+    with zvfs_mount(src, tmp_path / "mnt") as mnt:
+        for name, how in (("c/0/1", "rename"), ("c/0/2", "in place")):
+            if name == "c/0/2":
+                assert {e.name for e in os.scandir(mnt / "c/0")} >= {"1", "2"}  # (attributes from the listing)
+            before = (mnt / name).stat().st_mtime_ns
+            assert before == shard.stat().st_mtime_ns
+            time.sleep(0.3)
+            assert (mnt / name).stat().st_mtime_ns == before  # (kept by the kernel meanwhile)
+            if how == "rename":
+                (src / "c/0/0.tmp").write_bytes((upd / "c/0/0").read_bytes())
+                os.replace(src / "c/0/0.tmp", shard)
+            else:
+                with open(shard, "r+b") as f:
+                    f.write(f.read())
+            now = shard.stat().st_mtime_ns
+            assert now != before
+            t = time.monotonic()
+            while (mnt / name).stat().st_mtime_ns != now:
+                assert time.monotonic() - t < 5, f"{name}: the mtime before the {how} rewrite still shown after 5 s"
+                time.sleep(0.05)
 
 
 def test_times_and_modes_come_from_the_store(tmp_path):

@@ -50,6 +50,12 @@ from .fuse_kernel import KernelCache
 log = logging.getLogger("zvfs.fuse")
 
 TIMEOUT = 24 * 3600.0  # seconds the kernel may cache entries and attributes
+#: seconds the kernel keeps a chunk file's attributes: a tenth of its shard's age (`_attrs_keep`),
+#: within these bounds, as NFS's acregmin..acregmax (3..60 s): what changed lately is likely to
+#: change again. A `stat` by path after a shard was rewritten showed the old size and mtime for
+#: the entries' 24 h (an outside attacker: 18 of 18 rewrites still unseen after 8 s); a walk's
+#: `stat`s come right after its listing, well within a minute
+CHUNK_ATTRS = (1.0, 60.0)
 STATS_FILE, REFRESH_FILE = ".zvfs.stats", ".zvfs.refresh"
 #: inode numbers of the control files: the top of the inode space, never used by the tree
 #: the I/O size shown to readers. 128 KiB, not 1 MiB: with 1 MiB, coreutils `cat` maps a
@@ -69,6 +75,11 @@ PUSH_NOW_MAX = 16 << 10
 #: the index share of the memory budget (`kernel_table`); inodes let go of are invalidated in
 #: the kernel (2-5 us each, in a worker thread)
 KERNEL_KEPT = 1 << 17
+
+
+def _attrs_keep(mtime_ns: int, now_ns: int) -> float:
+    """Seconds the kernel may keep the attributes of a chunk file of a shard of `mtime_ns`."""
+    return min(CHUNK_ATTRS[1], max(CHUNK_ATTRS[0], (now_ns - mtime_ns) / 1e10))
 
 
 def kernel_table(opts) -> int:
@@ -283,6 +294,8 @@ class ZvfsOperations(pyfuse3.Operations):
             else:  # handles read another version: its size
                 a.st_size = held
         self._fill(a, stamp)
+        if not node.is_dir:
+            a.attr_timeout = _attrs_keep(a.st_mtime_ns, time.time_ns())
         if node.kernel_keeps < TIMEOUT:  # (shown as stored: removed, replaced by a directory...)
             a.entry_timeout, a.attr_timeout = node.kernel_keeps, min(a.attr_timeout, node.kernel_keeps)
         return a
@@ -301,6 +314,7 @@ class ZvfsOperations(pyfuse3.Operations):
         a.st_nlink = 1
         a.st_size = alias.size if alias.size is not None else await node.size()  # type: ignore[union-attr]
         self._fill(a, stamp)
+        a.attr_timeout = _attrs_keep(a.st_mtime_ns, time.time_ns())
         return a
 
     def _fill(self, a: pyfuse3.EntryAttributes, stamp: Stamp) -> None:
@@ -378,6 +392,7 @@ class ZvfsOperations(pyfuse3.Operations):
         a.entry_timeout, a.generation = keeps, 0
         shown: dict[tuple[bool, int | None], int] = {}  # (is_dir, the store's bits) -> st_mode
         reply, told, cached, last_stamp, held = pyfuse3.readdir_reply, self.kernel.told_about, self.kernel.cached, None, None
+        now_ns, file_keeps = time.time_ns(), keeps
         names, inos, dirs, sizes, stamps, tokens = window
         # a store's own `.zvfs.stats` or `.zvfs.refresh` at the root is not listed: the name is
         # the control file's (lookup), and one name never serves two files
@@ -395,6 +410,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 last_stamp = stamp
                 a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.shown.mtime_ns(stamp)
                 self._owner(a, stamp)
+                file_keeps = min(keeps, _attrs_keep(a.st_mtime_ns, now_ns))
             if is_dir:
                 a.st_nlink, a.st_size, a.attr_timeout = 2, 0, min(self.dir_timeout, keeps)
             else:
@@ -403,7 +419,7 @@ class ZvfsOperations(pyfuse3.Operations):
                 if held is not None and held[0] != tokens[j]:  # handles read another version:
                     a.st_ino = ino = self.kernel.number(ino, tokens[j], size)  # this one's alias
                     held = None
-                a.st_size, a.attr_timeout = (0, 0) if size is None else (size, keeps)
+                a.st_size, a.attr_timeout = (0, 0) if size is None else (size, file_keeps)
             a.st_blocks = (a.st_size + 511) // 512
             if not reply(token, names[j].encode(*_FS_ENCODING), a, at + j + 1):  # os.fsencode, without its frame
                 break
