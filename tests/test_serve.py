@@ -494,6 +494,17 @@ def test_slow_clients_do_not_hold_up_others(public_tmp):
             s.close()
 
 
+def _established_from(port: int) -> set[int]:
+    """Client ports of the connections to local `port` the kernel has established (/proc/net/tcp:
+    local address, remote address, state 01)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            found.add(int(remote.split(":")[1], 16))
+    return found
+
+
 def test_clients_that_never_read_a_listing_do_not_hold_up_other_listings(public_tmp):
     """Listings are made two at a time; clients that ask for a large listing and never read it
     held both slots, and every other listing was 503 for as long as they stayed connected (an
@@ -512,7 +523,7 @@ def test_clients_that_never_read_a_listing_do_not_hold_up_other_listings(public_
         for k in range(4):
             s = socket.create_connection(("127.0.0.1", server.port))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"GET /many/?format=json HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /many/?format=json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             stalled.append(s)
         time.sleep(1)
         for _ in range(3):
@@ -522,16 +533,28 @@ def test_clients_that_never_read_a_listing_do_not_hold_up_other_listings(public_
             assert time.monotonic() - t < 9
             status, _, _ = _get(server, "/img/c/0/0")
             assert status == 200
-        for s in stalled:  # (shut: what is left in the socket, then the end)
-            s.settimeout(10)
-            got = 0
-            while part := s.recv(1 << 20):
-                got += len(part)
-            assert 0 < got < 40_000 * 100
+        time.sleep(3)  # (each has taken nothing for 1 s since its listing began)
+        # (shut by the server: not read to their end here, as a client whose window stayed shut
+        # that long may wait a minute for TCP's next probe)
+        assert not {s.getsockname()[1] for s in stalled} & _established_from(server.port)
+        for s in stalled:
             s.close()
         status, _, body = _get(server, "/many/?format=json")
         assert status == 200 and len(json.loads(body)["entries"]) == 40_000
         assert "its connection was shut" in (public_tmp / "serve.log").read_text()
+        # a client reading steadily but slowly (about 40 KB/s) is not cut (it was, at 40-100
+        # KB/s: a second outside attacker)
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.sendall(b"GET /many/?format=json HTTP/1.1\r\nHost: x\r\n\r\n")
+        slow.settimeout(5)
+        got, t = 0, time.monotonic()
+        while time.monotonic() - t < 5:
+            part = slow.recv(4096)
+            assert part, f"cut after {got} bytes, {time.monotonic() - t:.1f} s"
+            got += len(part)
+            time.sleep(0.1)
+        slow.close()
 
 
 def test_listings_waiting_their_turn_are_answered_within_the_patience(public_tmp):

@@ -25,12 +25,15 @@ worker; no HTTP parsing here.
 from __future__ import annotations
 
 import email.utils
+import fcntl
 import html
 import itertools
 import json
 import logging
 import os
 import socket
+import struct
+import termios
 import time
 import urllib.parse
 from contextlib import contextmanager
@@ -53,15 +56,22 @@ log = logging.getLogger("zvfs.http")
 #: faster to 16 clients, 29% to one (wrk, medians of 3 alternated runs of 3 s, 2026-11-27)
 BLOCK, LEAST_BLOCK = 1 << 20, 16 << 10
 LISTINGS_AT_ONCE = 2
-#: bytes of a listing per body message, and the seconds a client has to take each once the
-#: socket's buffers are full (up to 4 MiB here), else its connection is shut and the listing's
-#: slot freed (`watch_listings`): two clients that asked for a listing and never read it held
-#: both slots, and every other listing was 503, for as long as they stayed connected (an
+#: bytes of a listing per body message, and the seconds a client may take nothing of a listing
+#: once the socket's buffers are full (up to 4 MiB here), else its connection is shut and the
+#: listing's slot freed (`watch_listings`): two clients that asked for a listing and never read
+#: it held both slots, and every other listing was 503, for as long as they stayed connected (an
 #: outside attacker). A slot must free well within the patience a listing waits for one: four
-#: such clients and a listing behind them, cut after 5 s: 503; after 1 s: answered in 2-3 s.
-#: (nginx's `send_timeout` cuts a client that takes nothing for 60 s; its listings hold no slot.)
+#: such clients and a listing behind them, cut after 5 s: 503; after 1-2 s: answered. "Nothing"
+#: is told by the bytes the client acknowledged (the send queue, SIOCOUTQ), not by a message
+#: sent in time: a message waits until the kernel frees a good part of the buffer, and clients
+#: reading steadily at 40-100 KB/s were cut (a second outside attacker). (nginx's
+#: `send_timeout` cuts a client that takes nothing for 60 s; its listings hold no slot.)
 LISTING_MESSAGE, LISTING_STALL = 32 << 10, 1.0
 LISTING_WATCH = 0.25  # seconds between looks at the listings being sent
+#: seconds a client may take nothing of a listing while no other listing waits for a slot (when
+#: one waits: LISTING_STALL). Over loopback a client's window opens a segment (64 KiB) at a time,
+#: so one reading 40-64 KB/s showed no progress for over a second; nginx's `send_timeout`: 60 s
+LISTING_IDLE = 60.0
 SPECIAL = "/.zvfs/"  # the server's own endpoints (never a path of the tree: see `_special`)
 _CONDITIONAL_ALLOW = "Range, If-None-Match, If-Match, If-Range"
 _EXPOSE = "Content-Range, Content-Length, ETag, Last-Modified, Accept-Ranges"
@@ -122,28 +132,52 @@ def byte_range(header: str, size: int) -> tuple[int, int] | None | bool:
     return start, size if stop is None else min(stop, size)
 
 
+def _is_connection(fd: int, ports: set[int], peer: tuple | None) -> bool:
+    """Whether descriptor `fd` is a TCP connection this process accepted on one of `ports`
+    (from `peer`, if given). (Outgoing connections to a store never have a listening port as
+    their own; a listener has no peer.)"""
+    try:
+        if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+            return False
+        sock = socket.socket(fileno=fd)
+    except OSError:  # (closed meanwhile, or not a socket after all)
+        return False
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.getsockname()[1] not in ports:
+            return False
+        theirs = sock.getpeername()
+        return peer is None or tuple(theirs[:2]) == tuple(peer[:2])
+    except (OSError, IndexError, TypeError):  # (a listener: no peer; a Unix socket: no port)
+        return False
+    finally:
+        sock.detach()
+
+
+def _connections(ports: set[int], peer: tuple | None = None) -> list[int]:
+    return [int(name) for name in os.listdir("/proc/self/fd") if _is_connection(int(name), ports, peer)]
+
+
+def _unsent(fd: int) -> int | None:
+    """Bytes of a connection's send queue the client has not acknowledged (SIOCOUTQ)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return None
+
+
 def shut_connections(ports: set[int], peer: tuple | None = None) -> int:
-    """Shut down both ways the connections this process accepted (TCP sockets whose local port
-    is one of `ports`; with `peer`, only the one from that address): how many. hypercorn 0.18
-    sends in a shielded scope (trio/tcp_server.py, `protocol_send`), so a client that stops
-    reading holds its connection, and whatever waits on that send, for good; a shut-down socket
-    fails the send (EPIPE), which hypercorn takes as the client gone. (Outgoing connections to
-    a store never have a listening port as their own.)"""
+    """Shut down both ways the connections this process accepted on `ports` (from `peer`
+    only, if given): how many. hypercorn 0.18 sends in a shielded scope (trio/tcp_server.py,
+    `protocol_send`), so a client that stops reading holds its connection, and whatever waits
+    on that send, for good; a shut-down socket fails the send (EPIPE), which hypercorn takes as
+    the client gone."""
     shut = 0
-    for name in os.listdir("/proc/self/fd"):
+    for fd in _connections(ports, peer):
+        sock = socket.socket(fileno=fd)
         try:
-            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=int(name))
-        except OSError:  # (closed meanwhile, or not a socket after all)
-            continue
-        try:
-            if sock.type == socket.SOCK_STREAM and sock.getsockname()[1] in ports:
-                theirs = sock.getpeername()
-                if peer is None or tuple(theirs[:2]) == tuple(peer[:2]):
-                    sock.shutdown(socket.SHUT_RDWR)
-                    shut += 1
-        except (OSError, IndexError, TypeError):  # (a listener: no peer; a Unix socket: no port)
+            sock.shutdown(socket.SHUT_RDWR)
+            shut += 1
+        except OSError:
             pass
         finally:
             sock.detach()
@@ -187,6 +221,8 @@ class App:
         #: listings whose connection `watch_listings` shut
         self._listing_sends: dict[int, tuple[float, tuple | None, tuple | None]] = {}
         self._listing_cut: set[int] = set()
+        #: (descriptor, bytes unsent at the last look, when the client last took some) by listing
+        self._listing_seen: dict[int, tuple[int, int, float]] = {}
         self._listing_keys = itertools.count()
 
     # -- ASGI
@@ -411,6 +447,7 @@ class App:
             await self._listing_part(send, key, client, server, tail, last=True)
             return 200
         finally:
+            self._listing_seen.pop(key, None)
             await pages.aclose()
 
     async def _listing_part(self, send, key: int, client, server, data: bytes, last: bool = False) -> None:
@@ -429,13 +466,28 @@ class App:
                 raise _Cut
 
     async def watch_listings(self) -> None:
-        """Shut the connection of a listing whose client has not taken a body message within
-        `LISTING_STALL` s (checked every `LISTING_WATCH` s), which frees its slot."""
+        """Shut the connection of a listing whose client has taken nothing for `LISTING_STALL`
+        s while another listing waits for a slot, or for `LISTING_IDLE` s (looked at every
+        `LISTING_WATCH` s), which frees its slot. A body message sent for longer than that has
+        its connection found, and the bytes it has unsent looked at: a change since the last
+        look is the client reading (half the time again after the first look)."""
         while True:
             await trio.sleep(LISTING_WATCH)
             now = trio.current_time()
             for key, (deadline, client, server) in list(self._listing_sends.items()):
                 if now < deadline or client is None or server is None:
+                    continue
+                fd, before, since = self._listing_seen.get(key, (None, None, now))
+                if fd is None or not _is_connection(fd, {server[1]}, client):
+                    fd, before = next(iter(_connections({server[1]}, client)), None), None
+                unsent = None if fd is None else _unsent(fd)
+                if unsent is not None and unsent != before:  # (taken since the last look, or a first look)
+                    self._listing_seen[key] = (fd, unsent, now)
+                    self._listing_sends[key] = (now + (LISTING_STALL if before is not None else LISTING_STALL / 2),
+                                                client, server)
+                    continue
+                if unsent is not None and not self._listing_slots.statistics().tasks_waiting and now - since < LISTING_IDLE:
+                    self._listing_sends[key] = (now + LISTING_WATCH, client, server)  # (no listing waits: it may go on)
                     continue
                 del self._listing_sends[key]
                 self._listing_cut.add(key)

@@ -51,7 +51,7 @@ from ..storage import leases
 from ..storage.local import use_descriptor_limit
 from .access_log import AccessLog
 from .http import App, shut_connections
-from .mounting import shown
+from .mounting import check_log_target, shown
 
 log = logging.getLogger("zvfs")
 
@@ -258,10 +258,16 @@ class _Workers:
                 pass
 
     def on_signal(self, signum, frame) -> None:
-        """(A Python signal handler: no logging here.)"""
+        """(A Python signal handler: no logging here.) A stop closes the parent's listening
+        sockets: once the draining workers have closed theirs, a new connection is refused at
+        once, as with one process (the parent's copy kept the socket listening, and a new
+        client waited, unanswered, for the whole drain: an outside attacker)."""
         if signum == signal.SIGHUP:
             self.signal_all(signal.SIGHUP)
             return
+        if not self.stops:
+            for sock in self.sockets.insecure_sockets:
+                sock.close()
         self.stops += 1
         self.signal_all(signal.SIGUSR1 if self.stops == 1 else signal.SIGUSR2)
 
@@ -326,13 +332,15 @@ class _Workers:
             for message in self.messages():  # (a restarted worker's "serving", or why it could not)
                 if message.startswith("E"):
                     log.error("worker %d: %s", index, message[1:])
-            if self.stops:
-                self.failed += status != 0
+            if self.stops:  # (a worker killed meanwhile, by a signal, has stopped too)
+                if status != 0:
+                    log.warning("worker %d exited with status %d while stopping", index, status)
+                self.failed += status > 0
                 continue
             log.warning("worker %d exited with status %d: starting another", index, status)
             if ran < RESTART_PAUSE:
                 time.sleep(RESTART_PAUSE)
-            if not self.stops:
+            if not self.stops:  # (a stop meanwhile closed the sockets: none to start it on)
                 self.start(index)
         log.info("stopped (%d workers)", self.count)
         return 1 if self.failed else 0
@@ -346,6 +354,7 @@ def run(source: str, opts: MountOptions, listen: str = DEFAULT_LISTEN, cors: lis
     """Serve until signalled: 0 after a clean stop. A source that does not open or an address
     that cannot be listened on raises ZvfsError (the command says it, exit 2). `workers` > 1:
     that many processes (module docstring)."""
+    check_log_target(opts)  # (one line naming the option, as `zvfs mount` says it)
     logs = Logs(opts, background=False)
     args = (source, opts, listen, list(cors or []), max_age, access_log, drain, logs)
     try:
