@@ -301,11 +301,24 @@ class ZvfsOperations(pyfuse3.Operations):
         return a
 
     async def _alias_attrs(self, ino: int) -> pyfuse3.EntryAttributes:
-        """getattr of an alias: the version it stands for (ESTALE once let go of)."""
+        """getattr of an alias: the version it stands for while handles read it (ESTALE once let
+        go of). With none open it shows the file as it is now, as a tree inode does: the alias
+        is moved to the current version (as an open with none open moves it), which the kernel
+        table then records (`told_about`: pages of the old one are not trusted). It answered
+        the version it was made for, for the name's 24 h (a second outside attacker: an
+        in-place rewrite's new mtime unseen by `stat` for 75 s and more after churn)."""
         alias = self.kernel.alias(ino)
         if alias is None:
             raise pyfuse3.FUSEError(errno.ESTALE)
         node = await self._node(alias.ino)
+        if ino not in self.kernel.cached:
+            if not await node.revalidate():  # type: ignore[attr-defined]
+                raise pyfuse3.FUSEError(errno.ENOENT)  # (no longer stored)
+            token = node.token()
+            if token != alias.token:
+                self.kernel.retarget(ino, token, await node.size())  # type: ignore[union-attr]
+                alias = self.kernel.alias(ino) or alias
+            self.kernel.told_about(ino, token)
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
         a.attr_timeout = TIMEOUT
