@@ -185,7 +185,7 @@ def shut_connections(ports: set[int], peer: tuple | None = None) -> int:
 
 
 class _Cut(Exception):
-    """A listing's client took nothing within the patience: its connection was shut."""
+    """A listing's client took nothing for too long (`watch_listings`): its connection was shut."""
 
 
 async def _until_disconnect(receive, sending: trio.CancelScope) -> None:
@@ -406,10 +406,9 @@ class App:
                            scope: dict) -> int:
         """The listing as JSON or HTML, streamed a page of entries at a time (`listdir_pages`:
         one page sorted whole, more in the tree's order); one page is sent with its length.
-        The body goes in `LISTING_MESSAGE` pieces, each of which the client must take within
-        the store's patience (`_listing_part`, `watch_listings`): a listing holds one of
+        The body goes in `LISTING_MESSAGE` pieces (`_listing_part`): a listing holds one of
         `LISTINGS_AT_ONCE` slots until it is sent, and a client that does not read must not
-        hold it (`LISTING_STALL`)."""
+        hold it (`watch_listings`)."""
         key, client, server = next(self._listing_keys), scope.get("client"), scope.get("server")
         pages = self.paths.listdir_pages(path)
         try:
@@ -493,8 +492,8 @@ class App:
                 self._listing_cut.add(key)
                 shut_connections({server[1]}, client)
                 if first_time("listing cut"):
-                    log.warning("a listing's client took nothing for %g s: its connection was shut (logged once)",
-                                LISTING_STALL)
+                    log.warning("a listing's client took nothing for %g s while another listing waited (or %g s): "
+                                "its connection was shut (logged once)", LISTING_STALL, LISTING_IDLE)
 
     @staticmethod
     def _json_rows(shown: str, entries: list[Stat]) -> bytes:
