@@ -371,8 +371,14 @@ class ZvfsOperations(pyfuse3.Operations):
         if self.kernel.is_alias(inode):
             return await self._alias_attrs(inode)
         node = await self._node(inode)
-        if not node.is_dir and not await node.revalidate() and inode not in self.kernel.cached:  # type: ignore[attr-defined]
-            raise pyfuse3.FUSEError(errno.ENOENT)  # (no longer stored; open handles keep their version's size)
+        # a file no handle reads is located anew (no longer stored: ENOENT); one that handles
+        # read is answered as their version (`_attrs`) with no I/O: the kernel asks for the
+        # attributes of an open file before a read once they are older than the attribute
+        # timeout (`_attrs_keep`), and that must need no descriptor (a process holding 896
+        # files under a lowered RLIMIT_NOFILE had 181 reads fail ENFILE: the relocation opened
+        # shards the descriptor cache had let go of)
+        if not node.is_dir and inode not in self.kernel.cached and not await node.revalidate():  # type: ignore[attr-defined]
+            raise pyfuse3.FUSEError(errno.ENOENT)
         return await self._attrs(node)
 
     async def forget(self, inode_list):
