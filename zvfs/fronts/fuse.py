@@ -321,7 +321,6 @@ class ZvfsOperations(pyfuse3.Operations):
             self.kernel.told_about(ino, token)
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
-        a.attr_timeout = TIMEOUT
         stamp = node.stamp()
         a.st_mode = stat.S_IFREG | self.shown.mode(False, stamp.mode)
         a.st_nlink = 1

@@ -171,17 +171,18 @@ def shut_connections(ports: set[int], peer: tuple | None = None) -> int:
     `protocol_send`), so a client that stops reading holds its connection, and whatever waits
     on that send, for good; a shut-down socket fails the send (EPIPE), which hypercorn takes as
     the client gone."""
-    shut = 0
-    for fd in _connections(ports, peer):
-        sock = socket.socket(fileno=fd)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-            shut += 1
-        except OSError:
-            pass
-        finally:
-            sock.detach()
-    return shut
+    return sum(_shut(fd) for fd in _connections(ports, peer))
+
+
+def _shut(fd: int) -> bool:
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.detach()
 
 
 class _Cut(Exception):
@@ -490,7 +491,8 @@ class App:
                     continue
                 del self._listing_sends[key]
                 self._listing_cut.add(key)
-                shut_connections({server[1]}, client)
+                if fd is not None:  # (checked above to be this listing's connection)
+                    _shut(fd)
                 if first_time("listing cut"):
                     log.warning("a listing's client took nothing for %g s while another listing waited (or %g s): "
                                 "its connection was shut (logged once)", LISTING_STALL, LISTING_IDLE)

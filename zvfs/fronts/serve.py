@@ -302,14 +302,14 @@ class _Workers:
         ready, line, error = 0, "", ""
         while ready < self.count and not error and not self.stops:
             select.select([self.read], [], [], 0.2)
+            gone = self.reap(block=False)  # (before the messages: a worker tells why, then exits)
             for message in self.messages():
                 if message.startswith("R"):
                     ready, line = ready + 1, message[1:]
                 elif message.startswith("E"):
                     error = error or message[1:]
-            gone = self.reap(block=False)
             if gone is not None and not error:
-                error = self.messages_error() or f"worker {gone[0]} exited with status {gone[1]} before it served"
+                error = f"worker {gone[0]} exited with status {gone[1]} before it served"
         if error or self.stops:
             self.stops = max(self.stops, 1)
             self.signal_all(signal.SIGUSR2)  # (a worker still opening the source stops once it has)
@@ -344,9 +344,6 @@ class _Workers:
                 self.start(index)
         log.info("stopped (%d workers)", self.count)
         return 1 if self.failed else 0
-
-    def messages_error(self) -> str:
-        return next((m[1:] for m in self.messages() if m.startswith("E")), "")
 
 
 def run(source: str, opts: MountOptions, listen: str = DEFAULT_LISTEN, cors: list[str] | None = None,
