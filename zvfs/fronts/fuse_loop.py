@@ -10,11 +10,17 @@ descriptor with a zero-timeout `poll` and, when a request is there, returns at o
 most `RUN` requests running; then (or when nothing is there) it waits the usual way, which
 lets every other task run (parked pushes, worker-thread results, the permission watch). A
 request is read only when `poll` says one is there: the descriptor is blocking, and a read
-with none would stop the loop. (Every request still yields once, in pyfuse3's read lock.)
+with none would stop the loop. The one `trio.Lock` pyfuse3 makes, the read lock its request
+tasks take before each wait, is likewise taken without a trio round while the run lasts and
+nobody else holds it (trio's `Lock.acquire` yields even when the lock is free: a round per
+request, an `epoll_wait` and the scheduler's pass).
 
 Measured (`find | xargs -P 4 cat` of 4,096 files on a fresh mount, medians of 5 alternated
 runs, daemon CPU from /proc): 4 KiB files 766 -> 649 ms a walk (the pyfuse3 floor: 645), 64 KiB
-1,097 -> 1,044 ms (floor 977); daemon CPU 690 -> 550 ms and 1,010 -> 890 ms.
+1,097 -> 1,044 ms (floor 977); daemon CPU 690 -> 550 ms and 1,010 -> 890 ms. The read lock
+(`_ReadLock`), on top: `epoll_wait` calls in a 64 KiB walk with 4 readers 8,833 -> 563 (perf's
+syscall tracepoints on the daemon), zvfs/floor 1.06 -> 0.92 and 1.10 -> 0.83 (`scripts/bench
+--only local --runs 7 --also` the code before, twice; 4 KiB 0.94 -> 0.69, 0.80 -> 0.56).
 """
 
 from __future__ import annotations
@@ -25,10 +31,9 @@ import types
 import pyfuse3
 import trio
 
-#: requests read back to back without a trio I/O round, before one (each still lets the
-#: other tasks run once, in pyfuse3's read lock). In a walk of the 4 KiB array 86-88% of the
-#: polls found a request waiting, with one reader as with four (OPEN and RELEASE come from
-#: different processes); with 8, one request in 8 still took the round
+#: requests read back to back without a trio round, before one. In a walk of the 4 KiB array
+#: 86-88% of the polls found a request waiting, with one reader as with four (OPEN and RELEASE
+#: come from different processes); with 8, one request in 8 still took the round
 RUN = 64
 
 
@@ -48,6 +53,39 @@ class _Trio(types.SimpleNamespace):
 
 async def _ready() -> None:
     """An await that returns at once (no trio round)."""
+
+
+class _ReadLock:
+    """pyfuse3's read lock, which each of its request tasks takes to wait for and read a request.
+    A trio.Lock hands itself to the task waiting for it at release, so that with two tasks
+    (pyfuse3 keeps one waiting while another answers) every request is read by the other task
+    than the last: a trio round per request, even when the answering task never awaits. Here
+    the task that releases may take it back at once while the run lasts (the lock is free);
+    the waiting task is woken at each release and takes it if it is still free when it runs,
+    which it is when the answering task awaited (its handler waits for I/O): as before, a
+    request is read while another is being answered."""
+
+    def __init__(self, run: list[int]):
+        self._owner: trio.lowlevel.Task | None = None
+        self._waiting = trio.lowlevel.ParkingLot()
+        self._run = run
+
+    async def __aenter__(self) -> None:
+        task = trio.lowlevel.current_task()
+        if self._owner is None and self._run[0] < RUN:
+            self._owner = task
+            return
+        if self._owner is None:
+            self._owner = task
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        while self._owner is not None:
+            await self._waiting.park()
+        self._owner = task
+
+    async def __aexit__(self, *exc) -> None:
+        self._owner = None
+        self._waiting.unpark()
 
 
 def install() -> None:
@@ -71,4 +109,4 @@ def install() -> None:
         run[0] = 0
         return trio.lowlevel.wait_readable(fd)
 
-    pyfuse3.trio = _Trio(lowlevel=_Lowlevel(wait_readable=wait_readable))  # type: ignore[attr-defined]
+    pyfuse3.trio = _Trio(lowlevel=_Lowlevel(wait_readable=wait_readable), Lock=lambda: _ReadLock(run))  # type: ignore[attr-defined]
