@@ -18,6 +18,7 @@ import errno
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -26,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import zvfs_mount
+from conftest import ZVFS, force_unmount, is_mounted, zvfs_mount
 from misbehaving_http import MisbehavingHTTP
 
+from zvfs.fronts.fuse_daemon import STOP_GRACE
 from zvfs.storage.base import STALL_PATIENCE
 
 pytestmark = pytest.mark.mount
@@ -211,7 +213,6 @@ def test_sigterm_stops_serve_while_a_request_waits_on_a_hung_shard(store, tmp_pa
     hung FUSE file keeps the kernel from reaping it (a zombie: no code of its runs; the kernel
     cannot end a FUSE request the daemon has taken) until the hung filesystem is gone: then
     status 0, nothing left behind."""
-    import signal
     import socket
 
     from servers import ZvfsServe
@@ -243,3 +244,47 @@ def test_sigterm_stops_serve_while_a_request_waits_on_a_hung_shard(store, tmp_pa
         if server and server.proc.poll() is None:  # type: ignore[union-attr]
             server.proc.kill()  # type: ignore[union-attr]
             server.proc.wait()  # type: ignore[union-attr]
+
+
+def test_sigterm_unmounts_within_its_grace_while_reads_wait_on_a_stalled_server(store, tmp_path):
+    """SIGTERM to the daemon while readers wait on a server that stopped answering (every
+    ranged GET held 60 s, past the default deadlines): the reads being answered are given up
+    after STOP_GRACE, the mount goes and the daemon exits 0 within STOP_GRACE + 3 s; every
+    waiting reader fails, none gets bytes. Before, the daemon waited for the reads' own
+    deadlines (request_timeout 20 s, retried until 30 s), every reader of the mount in D state
+    meanwhile (an outside attacker: 38 s)."""
+    root, data = store
+    server = MisbehavingHTTP(root.parent, stall=60).start()
+    mnt, log = tmp_path / "mnt", tmp_path / "zvfs.log"
+    mnt.mkdir()
+    proc = subprocess.Popen([*ZVFS, "mount", "--foreground", f"{server.url}/{root.name}", str(mnt), "-o", f"log={log},readahead=0"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    waiting: list[subprocess.Popen] = []
+    try:
+        give_up = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None and time.monotonic() < give_up, "not mounted"
+            time.sleep(0.1)
+        assert (mnt / "a/c/0/5").read_bytes() == chunk(data, 5)
+        server.set("stall")
+        waiting = [subprocess.Popen(["cat", str(mnt / f"a/c/0/{j}")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                   for j in (1, 2, 9, 14)]
+        time.sleep(1)
+        assert all(w.poll() is None for w in waiting), "the readers did not wait"
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+        took = time.monotonic() - t
+        print(f"\ndaemon exited {took:.1f} s after SIGTERM, 4 reads waiting on a stalled server (grace {STOP_GRACE:g} s)")
+        assert status == 0 and took < STOP_GRACE + 3, (status, took)
+        assert not is_mounted(mnt)
+        for w in waiting:
+            out, _ = w.communicate(timeout=10)
+            assert w.returncode != 0 and out == b""
+        assert "given up" in log.read_text()
+    finally:
+        for w in waiting:
+            w.kill()
+        proc.kill()
+        force_unmount(mnt)
+        server.stop()

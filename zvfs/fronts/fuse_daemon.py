@@ -5,7 +5,12 @@ systemd (`Type=notify`) it also sends READY=1.
 
 Signals are caught from the start of the event loop, so SIGTERM or SIGINT while the source is
 still opening or the kernel is mounting ends with nothing mounted; SIGHUP only reopens the log
-(logrotate).
+(logrotate). Once serving, SIGTERM or SIGINT stops reading requests and gives those being
+answered STOP_GRACE seconds; the ones still waiting then (a read of a stalled server or a hung
+filesystem) are given up and the daemon unmounts: the kernel fails them, and the requests it
+still held, with ENOTCONN. (Before, the daemon waited for them: an outside attacker's SIGTERM
+with a read waiting on a server that did not answer ended 38 s later, every other reader of
+the mount in D state meanwhile.) A second signal gives them up at once.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ from .mounting import READY_FD_ENV, check_mountpoint, shown
 log = logging.getLogger("zvfs")
 
 FUSECTL = "/sys/fs/fuse/connections"
+#: seconds the requests being answered get after SIGTERM/SIGINT (module docstring): a read of
+#: a cached or local chunk takes milliseconds, and every other reader of the mount waits
+#: meanwhile (no request is read once the stop began)
+STOP_GRACE = 2.0
 
 
 # --------------------------------------------------------------------------- serving
@@ -88,6 +97,7 @@ class _Interrupted(Exception):
 
 async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready, logs: Logs) -> None:
     state = {"serving": False, "signal": None}
+    answering = trio.CancelScope()  # pyfuse3's loop and the requests it is answering
     use_descriptor_limit()
     if not opts.no_leases:
         leases.enable()  # (old handles of a shard replaced by rename keep their bytes: leases.py)
@@ -97,13 +107,16 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             if signum == signal.SIGHUP:
                 logs.reopen()
                 continue
+            if state["signal"] is not None:  # a second stop: the requests still answered are given up
+                answering.cancel()
+                continue
             log.info("received %s, unmounting", signal.Signals(signum).name)
             state["signal"] = signum
-            if state["serving"]:
-                pyfuse3.terminate()  # main() returns, the finally below unmounts
-            else:
+            if not state["serving"]:
                 scope.cancel()  # still opening or mounting
-            return
+                return
+            pyfuse3.terminate()  # no more requests read: main() returns once those answered end,
+            answering.deadline = trio.current_time() + STOP_GRACE  # or these are given up; the finally below unmounts
 
     async def mount_and_serve(nursery: trio.Nursery) -> None:
         try:
@@ -138,7 +151,10 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
                 nursery.start_soon(opened.watch_permissions, permissions_changed)
             state["serving"] = True
             fuse_loop.install()
-            await pyfuse3.main()
+            with answering:
+                await pyfuse3.main()
+            if answering.cancelled_caught:
+                log.warning("requests still waiting %g s after the stop were given up (ENOTCONN)", STOP_GRACE)
         finally:
             with trio.CancelScope(shield=True):
                 if mounted:
