@@ -164,6 +164,35 @@ async def test_a_held_read_lock_is_waited_for(loop):
     assert len(read) == 200
 
 
+async def test_work_handed_to_another_task_runs_before_the_next_request_is_read(loop):
+    """An answer that hands work to another task (a walk's push once its open answered) and
+    says so (`round_next`): that task runs before the next request is read."""
+    r, w = os.pipe()
+    os.write(w, b"x")
+    waiting: list[trio.Event] = []
+    read_before_it_ran = 0
+
+    async def answer(name: str) -> None:
+        nonlocal read_before_it_ran
+        read_before_it_ran += sum(not e.is_set() for e in waiting)
+        done = trio.Event()
+        waiting.append(done)
+
+        async def work() -> None:
+            done.set()
+
+        nursery.start_soon(work)
+        fuse_loop.round_next()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await _serve(loop, r, 300, answer)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert read_before_it_ran == 0, f"{read_before_it_ran} requests read before the work handed over ran"
+
+
 async def test_everything_else_is_trio(loop):
     assert loop.ClosedResourceError is trio.ClosedResourceError and loop.Event is trio.Event
     assert loop.lowlevel.current_task is trio.lowlevel.current_task

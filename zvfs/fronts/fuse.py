@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..tree.handles import BytesHandle, Handle
 from ..tree.nodes import ROOT_INO, File, Node, Stamp, Tree
+from . import fuse_loop
 from .fuse_kernel import KernelCache
 
 log = logging.getLogger("zvfs.fuse")
@@ -184,6 +185,7 @@ class _Parked:
         elif not self._started:
             self._started = True
             trio.lowlevel.spawn_system_task(self._run)
+        fuse_loop.round_next()  # (it runs before the next request is read)
 
     async def _run(self) -> None:
         def abort(_) -> trio.lowlevel.Abort:  # (the mount is ending)
