@@ -68,15 +68,14 @@ class _ReadLock:
     which it is when the answering task awaited (its handler waits for I/O): as before, a
     request is read while another is being answered."""
 
-    def __init__(self, run: list[int]):
+    def __init__(self) -> None:
         self._held = False
         self._waiting = trio.lowlevel.ParkingLot()
-        self._run = run
 
     async def __aenter__(self) -> None:
         if not self._held:
             self._held = True
-            if self._run[0] >= RUN:  # (the run is over: a round, as trio's lock)
+            if _run[0] >= RUN:  # (the run is over: a round, as trio's lock)
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return
         while self._held:
@@ -99,7 +98,7 @@ def round_next() -> None:
 def install() -> None:
     """pyfuse3's loop reads waiting requests without a trio round each (module docstring)."""
     poller, polled, run = select.poll(), [None], _run
-    run[0] = 0
+    run[0] = 0  # (a new session)
 
     def wait_readable(fd):
         if polled[0] != fd:
@@ -118,4 +117,4 @@ def install() -> None:
         run[0] = 0
         return trio.lowlevel.wait_readable(fd)
 
-    pyfuse3.trio = _Trio(lowlevel=_Lowlevel(wait_readable=wait_readable), Lock=lambda: _ReadLock(run))  # type: ignore[attr-defined]
+    pyfuse3.trio = _Trio(lowlevel=_Lowlevel(wait_readable=wait_readable), Lock=_ReadLock)  # type: ignore[attr-defined]
