@@ -1137,6 +1137,73 @@ async def test_a_shown_directory_removed_under_an_open_shard_is_a_change(public_
 
 
 @pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
+async def test_a_shown_directory_learned_otherwise_by_a_later_walk_is_a_change(public_tmp, looked_at):
+    """FUSE-free: what a view shows of a directory is what `info` found when the views read
+    it (a refresh); a lookup's walk after that may learn other facts of it. A look compares the
+    directory with what the view shows, not with what the walk learned: an array made again
+    while a refresh found it gone, walked by the lookups that followed, stayed shown closed
+    (CI, twice: `test_a_store_moved_while_mounted_is_followed`), and one narrowed to 0700
+    between the refresh and a walk stayed shown open. Every order of info, change, walk and
+    look: a look after both says changed; once the views read it again, no change."""
+    root = public_tmp / "s"
+    (root / "g").mkdir(parents=True)
+    store = LocalStore(str(root))
+    _unwatched(store, looked_at == "stat each")
+
+    def make_again() -> None:
+        (root / "g/a/c").mkdir(parents=True, mode=0o755)
+
+    def narrow() -> None:
+        (root / "g/a").chmod(0o700)
+
+    try:
+        for change, first in ((make_again, "gone"), (narrow, "open")):
+            if first == "gone":
+                shutil.rmtree(root / "g/a", ignore_errors=True)
+            else:
+                (root / "g/a/c").mkdir(parents=True, exist_ok=True)
+                (root / "g/a").chmod(0o755)
+            store.forget_directories()
+            for key in ("", "g", "g/a"):
+                await store.info(key)  # what the views show (`OpenSource.refresh_directories`)
+            assert not await store.directories_changed(), first
+            change()
+            await store.info("g/a/c")  # a lookup's walk from the root: learns g/a as it is now
+            assert await store.directories_changed(), f"{change.__name__}: the view shows g/a {first}"
+            assert await store.directories_changed(), f"{change.__name__}: until the views read it again"
+            store.forget_directories()
+            for key in ("", "g", "g/a", "g/a/c"):
+                await store.info(key)
+            assert not await store.directories_changed(), f"{change.__name__}, then read again"
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
+async def test_shown_directories_below_a_followed_symlink_are_no_change_until_they_change(public_tmp, looked_at):
+    """FUSE-free: with follow_symlinks, an array that is a symlink to a directory elsewhere:
+    the views show its directories (`info` of `b`, `b/c`), and a look compares each as what it
+    is, the target's directories. Before, `b/c` was compared by the path through the link with
+    what a missing directory shows, found changed at every look: an idle mount read every
+    directory again every second, for good. Its target narrowed is a change."""
+    root = public_tmp / "s"
+    (root / "a/c").mkdir(parents=True)
+    (public_tmp / "elsewhere/c/0").mkdir(parents=True)
+    (root / "b").symlink_to(public_tmp / "elsewhere")
+    store = LocalStore(str(root), follow_symlinks=True)
+    _unwatched(store, looked_at == "stat each")
+    try:
+        for key in ("", "a", "a/c", "b", "b/c"):
+            assert (await store.info(key)).is_dir, key
+        assert not await store.directories_changed()
+        assert not await store.directories_changed()
+        (public_tmp / "elsewhere/c").chmod(0o700)
+        assert await store.directories_changed()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("looked_at", ["inotify", "stat each"])
 async def test_forgetting_walked_directories_is_no_change(public_tmp, looked_at, monkeypatch):
     """FUSE-free: past `DIRS_KEPT` directories walked, the store forgets its walks and facts
     (walked again as used). The directories the views show stay known: forgotten, they were

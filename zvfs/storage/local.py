@@ -840,7 +840,9 @@ class LocalStore(Store):
         self._looked: int | None = None  # the `generation` of the last look (`directories_changed`)
         self.look_cost = 0.0  # processor seconds its thread took (`OpenSource.watch_permissions` spaces looks by it)
         self._mounts_looked: int | None = None  # the mount table's `version` then
-        self._shown: set[str] = set()  # real paths of the directories the views show (`info`)
+        #: real paths of the directories the views show (lexical where none was found), with
+        #: what `info` found there (CLOSED: none)
+        self._shown: dict[str, Dir] = {}
 
     def _root_is_here(self) -> bool:
         """Whether the store root's path still names the directory mounted. A store moved
@@ -871,12 +873,18 @@ class LocalStore(Store):
         3-6% with an lstat each; with inotify an idle look stats nothing.)"""
         now, mounts = self.generation, self._mounts.version()
         self.look_cost = 0.0
-        if now == self._looked and mounts == self._mounts_looked and self._watch.quiet():  # (an idle mount: no thread, no stat)
+        # shown directories whose facts are not what a view shows of them (gone when `info`
+        # looked, or learned since by a lookup's walk): compared with what the view shows, at
+        # every look; one learned otherwise makes the look. (An array made again while a
+        # refresh found it gone was learned by the lookups that followed, compared with that,
+        # and stayed shown closed: CI, twice.)
+        stale = [(p, d) for p, d in self._shown.items() if self._facts.get(p) != d]
+        learned = any(p in self._facts for p, _ in stale)
+        if now == self._looked and mounts == self._mounts_looked and not learned and self._watch.quiet():  # (an idle mount: no thread, no stat)
             return False
         remount = mounts != self._mounts_looked  # (a mount over a directory hides the inode watched)
-        gone = [p for p in self._shown if p not in self._facts]  # (compared: back, they are a change)
-        paths = (*self._above_paths, *self._facts, *gone)
-        known = (*self._above, *self._facts.values(), *(CLOSED for _ in gone))
+        paths = (*self._above_paths, *self._facts)
+        known = (*self._above, *self._facts.values())
         shown = frozenset(self._shown)
         subdirs = tuple(self._subdirs.items())
         walks, inside = self._walks, self._inside_prefix
@@ -914,6 +922,13 @@ class LocalStore(Store):
                     return True
                 if _settled(st):
                     seen[path] = st.st_ctime_ns
+            for path, was in stale:
+                try:
+                    if dir_facts(path, os.lstat(path)) != was:
+                        return True
+                except OSError:
+                    if was != CLOSED:
+                        return True
             # numbered subdirectories kept as a set: compared when their parent is (new, polled
             # or named by an event), or an event names one of them (a watch on a directory
             # reports its entries' chmod, chown and ACL changes, and their replacement), and at
@@ -1258,8 +1273,10 @@ class LocalStore(Store):
             return Entry("", True, 0, mode, st.st_mtime_ns, uid, gid)
         walked = await self._walk(key)  # (afresh: the views' directories, when a store is opened)
         st = walked.st
-        if st is None or stat.S_ISDIR(st.st_mode):
-            self._shown.add(self._real_path(key))
+        if st is None:
+            self._shown[self._real_path(key)] = CLOSED
+        elif stat.S_ISDIR(st.st_mode):  # (by its real path: one below a symlink compared as itself)
+            self._shown[walked.real] = walked.facts.get(walked.real, CLOSED)  # type: ignore[index]
         if st is None or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) or not self._inside(walked.real):
             return None
         bits = reach(self._above + tuple(self._fact(g, walked.facts) for g in walked.gates), st.st_uid, st.st_gid)
