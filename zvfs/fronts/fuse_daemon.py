@@ -7,8 +7,8 @@ Signals are caught from the start of the event loop, so SIGTERM or SIGINT while 
 still opening or the kernel is mounting ends with nothing mounted; SIGHUP only reopens the log
 (logrotate). Once serving, SIGTERM or SIGINT stops reading requests and gives those being
 answered STOP_GRACE seconds; the ones still waiting then (a read of a stalled server or a hung
-filesystem) are given up and the daemon unmounts: the kernel fails them, and the requests it
-still held, with ENOTCONN. (Before, the daemon waited for them: an outside attacker's SIGTERM
+filesystem) are given up and the daemon unmounts: the kernel fails them with ECONNABORTED, and
+the requests it still held with ENOTCONN. (Before, the daemon waited for them: an outside attacker's SIGTERM
 with a read waiting on a server that did not answer ended 38 s later, every other reader of
 the mount in D state meanwhile.) A second signal gives them up at once.
 """
@@ -154,7 +154,7 @@ async def _serve(source: str, mountpoint: str, opts: MountOptions, ready: _Ready
             with answering:
                 await pyfuse3.main()
             if answering.cancelled_caught:
-                log.warning("requests still waiting %g s after the stop were given up (ENOTCONN)", STOP_GRACE)
+                log.warning("requests still waiting %g s after the stop were given up (ECONNABORTED)", STOP_GRACE)
         finally:
             with trio.CancelScope(shield=True):
                 if mounted:
