@@ -922,13 +922,8 @@ class LocalStore(Store):
                     return True
                 if _settled(st):
                     seen[path] = st.st_ctime_ns
-            for path, was in stale:
-                try:
-                    if dir_facts(path, os.lstat(path)) != was:
-                        return True
-                except OSError:
-                    if was != CLOSED:
-                        return True
+            if any(dir_facts(path) != was for path, was in stale):  # (gone: CLOSED)
+                return True
             # numbered subdirectories kept as a set: compared when their parent is (new, polled
             # or named by an event), or an event names one of them (a watch on a directory
             # reports its entries' chmod, chown and ACL changes, and their replacement), and at
